@@ -1,0 +1,1 @@
+"""OTLP/HTTP receiver: decodes spans, extracts and verifies tool calls, stores them."""

@@ -1,0 +1,1 @@
+"""Rule miner, miner agents, failure clustering and dataset export."""

@@ -1,0 +1,1 @@
+"""The reviser sidecar: an OpenAI-compatible proxy that fixes tool calls."""

@@ -1,0 +1,42 @@
+"""The `tracemill` command. Each subcommand lives in the module that owns it and is imported only when it runs, so
+`tracemill --help` stays fast."""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+# name -> (module, attribute, one-line help). Add a line here to add a command.
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "collector": ("tracemill.collector.cli", "collector", "Run the OTLP/HTTP collector."),
+    "db": ("tracemill.store.cli", "db", "Manage the store's schema."),
+    "keys": ("tracemill.collector.cli", "keys", "Manage collector API keys."),
+    "stats": ("tracemill.stats", "stats", "MCP-Bench's rule-based metrics over the stored tool calls."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        module, attr, _ = COMMANDS[cmd_name]
+        return getattr(importlib.import_module(module), attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="tracemill")
+def main() -> None:
+    """Tracemill: store, verify, mine and repair the tool calls of production LLM agents."""
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""MCP tool definitions: one shape (`Tool`) for MCP, MCP-Bench, OpenAI and BFCL inputs, and hashing of tool lists."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import orjson
+
+# BFCL writes Python type names where JSON Schema expects its own.
+_PYTHON_TYPES = {"dict": "object", "float": "number", "tuple": "array", "list": "array", "int": "integer",
+                 "str": "string", "bool": "boolean"}
+
+
+class ToolFormatError(ValueError):
+    """A tool definition that cannot be read; the message names what is wrong and where."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    name: str
+    description: str = ""
+    input_schema: Mapping[str, Any] = field(default_factory=lambda: {"type": "object"})
+
+    def to_mcp(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description, "inputSchema": dict(self.input_schema)}
+
+
+def _json_schema_types(schema: Any) -> Any:
+    """Rewrite BFCL's Python-flavoured `type` values (`dict`, `float`, `tuple`, `any`) to JSON Schema, recursively."""
+    if isinstance(schema, list):
+        return [_json_schema_types(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "type" and isinstance(value, str):
+            if value == "any":
+                continue
+            out[key] = _PYTHON_TYPES.get(value, value)
+        elif key in ("properties", "patternProperties", "$defs", "definitions") and isinstance(value, dict):
+            out[key] = {k: _json_schema_types(v) for k, v in value.items()}
+        elif key in ("items", "additionalProperties", "not", "anyOf", "oneOf", "allOf", "prefixItems", "contains"):
+            out[key] = _json_schema_types(value)
+        else:
+            out[key] = value
+    return out
+
+
+def normalize_tool(obj: Any, where: str = "tool") -> Tool:
+    """Read one tool in MCP (`inputSchema`), MCP-Bench (`input_schema`), OpenAI (`{"type":"function","function":{}}`)
+    or BFCL/OpenAI-function (`parameters`) shape."""
+    if isinstance(obj, Tool):
+        return obj
+    if not isinstance(obj, Mapping):
+        raise ToolFormatError(f"{where}: expected an object, got {type(obj).__name__}")
+    if obj.get("type") == "function" and isinstance(obj.get("function"), Mapping):
+        obj = obj["function"]
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        raise ToolFormatError(f"{where}: 'name' must be a non-empty string")
+    schema: Any = None
+    for key in ("inputSchema", "input_schema", "parameters"):
+        if key in obj and obj[key] is not None:
+            schema = obj[key]
+            break
+    if schema is None:
+        schema = {"type": "object"}
+    if not isinstance(schema, Mapping):
+        raise ToolFormatError(f"{where} {name!r}: input schema must be an object, got {type(schema).__name__}")
+    description = obj.get("description") or ""
+    if not isinstance(description, str):
+        description = str(description)
+    return Tool(name=name, description=description, input_schema=_json_schema_types(dict(schema)))
+
+
+def normalize_tools(tools: Iterable[Any] | None) -> list[Tool]:
+    if tools is None:
+        return []
+    if isinstance(tools, (str, bytes, Mapping)):
+        raise ToolFormatError(f"tools: expected a list of tools, got {type(tools).__name__}")
+    return [normalize_tool(t, where=f"tools[{i}]") for i, t in enumerate(tools)]
+
+
+def toolset_hash(tools: Iterable[Tool]) -> str:
+    """Stable hash of a tool list: the same tools in any order hash alike."""
+    canonical = sorted(orjson.dumps(t.to_mcp(), option=orjson.OPT_SORT_KEYS) for t in tools)
+    return hashlib.sha256(b"\n".join(canonical)).hexdigest()
+
+
+def load_mcp_bench(path: str | None = None, qualified: bool = True) -> dict[str, list[Tool]]:
+    """MCP-Bench's `mcp_servers_info.json` as {server: tools}. With `qualified`, names are `Server Name:tool`, as
+    MCP-Bench shows them to the model. Without a path, the copy shipped in the package."""
+    if path is None:
+        raw = resources.files("tracemill").joinpath("data/mcp_bench/mcp_servers_info.json").read_bytes()
+    else:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    data = orjson.loads(raw)
+    servers: dict[str, list[Tool]] = {}
+    for server, info in data["servers"].items():
+        tools = []
+        for tool_name, tool in info.get("tools", {}).items():
+            t = normalize_tool(tool, where=f"{server}/{tool_name}")
+            if qualified:
+                t = Tool(name=f"{server}:{t.name}", description=t.description, input_schema=t.input_schema)
+            tools.append(t)
+        servers[server] = tools
+    return servers

@@ -1,0 +1,248 @@
+"""The MCP tool-call verifier: MCP-Bench's rule-based checks, as data.
+
+Stages, in order: parse (the call is JSON with a name and an arguments object) → tool name (among the tools offered)
+→ input schema (jsonschema, with the schema's own draft) → execution (when the outcome is known). The first stage that
+fails is the Verdict's `stage`; every violation of that stage is listed with its JSON pointer into the call.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import orjson
+from jsonschema import Draft202012Validator, SchemaError
+from jsonschema.exceptions import ValidationError
+from jsonschema.validators import validator_for
+
+from tracemill.tools import Tool, normalize_tools
+
+
+class Stage(str, enum.Enum):
+    PARSE = "parse"
+    TOOL_NAME = "tool_name"
+    SCHEMA = "schema"
+    EXECUTION = "execution"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "arguments": self.arguments}
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    stage: Stage
+    kind: str
+    pointer: str
+    message: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"stage": self.stage.value, "kind": self.kind, "pointer": self.pointer, "message": self.message}
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """What happened when the call ran: `ok`, and the error or result text."""
+
+    ok: bool
+    error: str | None = None
+    result: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    ok: bool
+    stage: Stage | None
+    violations: tuple[Violation, ...] = ()
+    call: ToolCall | None = None
+    tool: Tool | None = None
+    execution: Execution | None = None
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def parsed(self) -> bool:
+        return self.call is not None
+
+    @property
+    def name_valid(self) -> bool:
+        return self.tool is not None
+
+    @property
+    def schema_valid(self) -> bool | None:
+        """None when the call never reached the schema stage."""
+        if self.tool is None:
+            return None
+        return self.stage not in (Stage.SCHEMA,)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "stage": self.stage.value if self.stage else None,
+            "violations": [v.to_dict() for v in self.violations],
+            "call": self.call.to_dict() if self.call else None,
+            "warnings": list(self.warnings),
+        }
+
+
+def _escape(token: str) -> str:
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+def pointer(*parts: str | int) -> str:
+    return "".join("/" + _escape(str(p)) for p in parts)
+
+
+def _parse_failure(kind: str, where: str, message: str) -> Verdict:
+    return Verdict(ok=False, stage=Stage.PARSE, violations=(Violation(Stage.PARSE, kind, where, message),))
+
+
+def parse_call(raw: str | bytes | Mapping[str, Any] | ToolCall) -> ToolCall | Verdict:
+    """The call as the model emitted it, read strictly: no repair. A failed Verdict when it is not one call.
+
+    Accepts a ToolCall, `{"name", "arguments"}` (arguments an object, or a JSON string of one as the OpenAI API sends),
+    `{"type": "function", "function": {...}}`, or the JSON text of either."""
+    if isinstance(raw, ToolCall):
+        return raw
+    if isinstance(raw, (str, bytes)):
+        try:
+            raw = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            return _parse_failure("invalid_json", "", f"not valid JSON: {exc}")
+    if isinstance(raw, list):
+        return _parse_failure("not_a_single_call", "", f"expected one call object, got a list of {len(raw)}")
+    if not isinstance(raw, Mapping):
+        return _parse_failure("not_a_call", "", f"expected a call object, got {type(raw).__name__}")
+    body: Mapping[str, Any] = raw
+    base: tuple[str, ...] = ()
+    if "function" in raw and isinstance(raw["function"], Mapping) and "name" not in raw:
+        body, base = raw["function"], ("function",)
+    name = body.get("name")
+    if not isinstance(name, str) or not name:
+        return _parse_failure("missing_name", pointer(*base, "name"), "the call has no tool name string")
+    if "arguments" not in body:
+        return _parse_failure("missing_arguments", pointer(*base, "arguments"), "the call has no 'arguments'")
+    arguments = body["arguments"]
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except (ValueError, RecursionError) as exc:
+            return _parse_failure("invalid_json", pointer(*base, "arguments"), f"arguments are not valid JSON: {exc}")
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, dict):
+        return _parse_failure(
+            "arguments_not_object", pointer(*base, "arguments"),
+            f"arguments must be an object, got {type(arguments).__name__}",
+        )
+    return ToolCall(name=name, arguments=arguments)
+
+
+_KINDS = {
+    "required": "missing_required",
+    "type": "wrong_type",
+    "additionalProperties": "unknown_param",
+    "unevaluatedProperties": "unknown_param",
+    "enum": "enum",
+    "const": "const",
+    "minimum": "out_of_range",
+    "maximum": "out_of_range",
+    "exclusiveMinimum": "out_of_range",
+    "exclusiveMaximum": "out_of_range",
+    "multipleOf": "out_of_range",
+    "minLength": "string_length",
+    "maxLength": "string_length",
+    "pattern": "pattern",
+    "format": "format",
+    "minItems": "array_length",
+    "maxItems": "array_length",
+    "uniqueItems": "unique_items",
+    "anyOf": "no_match",
+    "oneOf": "no_match",
+    "allOf": "no_match",
+    "not": "no_match",
+    "dependentRequired": "missing_required",
+    "minProperties": "object_size",
+    "maxProperties": "object_size",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Compiled:
+    validator: Any
+    warning: str | None
+
+
+@lru_cache(maxsize=8192)
+def _compile(schema_json: bytes) -> _Compiled:
+    schema = orjson.loads(schema_json)
+    cls = validator_for(schema, default=Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except SchemaError as exc:
+        return _Compiled(None, f"the tool's input schema is not valid JSON Schema ({exc.message}); not checked")
+    return _Compiled(cls(schema, format_checker=cls.FORMAT_CHECKER), None)
+
+
+def compiled_validator(schema: Mapping[str, Any]) -> _Compiled:
+    """One validator per distinct schema, compiled once."""
+    return _compile(orjson.dumps(schema, option=orjson.OPT_SORT_KEYS))
+
+
+def _violations(error: ValidationError) -> list[Violation]:
+    path = ("arguments", *error.absolute_path)
+    kind = _KINDS.get(str(error.validator), str(error.validator))
+    if error.validator == "required":
+        missing = [r for r in error.validator_value if isinstance(error.instance, Mapping) and r not in error.instance]
+        return [Violation(Stage.SCHEMA, kind, pointer(*path, m), f"missing required parameter {m!r}") for m in missing]
+    if error.validator in ("additionalProperties", "unevaluatedProperties") and isinstance(error.instance, Mapping):
+        allowed = set(error.schema.get("properties", {}))
+        extras = [k for k in error.instance if k not in allowed] or [""]
+        return [Violation(Stage.SCHEMA, kind, pointer(*path, k), f"unknown parameter {k!r}") for k in extras]
+    return [Violation(Stage.SCHEMA, kind, pointer(*path), error.message)]
+
+
+def tool_index(tools: Iterable[Any]) -> dict[str, Tool]:
+    return {t.name: t for t in normalize_tools(tools)}
+
+
+def verify(
+    raw_or_call: str | bytes | Mapping[str, Any] | ToolCall,
+    tools: Sequence[Any] | Mapping[str, Tool],
+    execution: Execution | None = None,
+) -> Verdict:
+    """Check one tool call against the tools the model was offered. `tools` may be any accepted tool shapes, or a
+    ready `tool_index` for callers that verify many calls against one list."""
+    parsed = parse_call(raw_or_call)
+    if isinstance(parsed, Verdict):
+        return parsed
+    index = tools if isinstance(tools, Mapping) else tool_index(tools)
+    tool = index.get(parsed.name)
+    if tool is None:
+        return Verdict(
+            ok=False, stage=Stage.TOOL_NAME, call=parsed,
+            violations=(Violation(Stage.TOOL_NAME, "unknown_tool", "/name",
+                                  f"{parsed.name!r} is not among the {len(index)} tools offered"),),
+        )
+    compiled = compiled_validator(tool.input_schema)
+    warnings = (compiled.warning,) if compiled.warning else ()
+    if compiled.validator is not None:
+        errors = sorted(compiled.validator.iter_errors(parsed.arguments), key=lambda e: list(e.absolute_path))
+        if errors:
+            found = tuple(dict.fromkeys(v for e in errors for v in _violations(e)))
+            return Verdict(ok=False, stage=Stage.SCHEMA, violations=found, call=parsed, tool=tool,
+                           warnings=warnings)
+    if execution is not None and not execution.ok:
+        return Verdict(
+            ok=False, stage=Stage.EXECUTION, call=parsed, tool=tool, execution=execution, warnings=warnings,
+            violations=(Violation(Stage.EXECUTION, "execution_error", "", execution.error or "the tool call failed"),),
+        )
+    return Verdict(ok=True, stage=None, call=parsed, tool=tool, execution=execution, warnings=warnings)

@@ -1,0 +1,1 @@
+"""GRPO training of the reviser, rewards, model registry and evaluation."""

@@ -1,0 +1,1 @@
+"""The Streamlit app: trace explorer, failure modes, review queue."""
