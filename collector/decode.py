@@ -1,0 +1,311 @@
+"""OTLP/HTTP trace payloads (protobuf or JSON) decoded into SpanRecords, with every problem named by where it is.
+
+A payload that cannot be read, or holds a malformed span (ids of the wrong size, attributes of the wrong type, an
+attribute over the size limit), is refused whole: `PayloadError`. Spans that are well-formed but invalid by the OTLP
+specification (all-zero ids, an end before the start) are rejected one by one and reported as a partial success.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from tracemill.collector.spans import SpanRecord
+
+_ZERO_TRACE = "0" * 32
+_ZERO_SPAN = "0" * 16
+MAX_ATTRIBUTES = 10_000
+MAX_DEPTH = 32
+_SPAN_KINDS = {"SPAN_KIND_UNSPECIFIED": 0, "SPAN_KIND_INTERNAL": 1, "SPAN_KIND_SERVER": 2, "SPAN_KIND_CLIENT": 3,
+               "SPAN_KIND_PRODUCER": 4, "SPAN_KIND_CONSUMER": 5}
+_STATUS_CODES = {"STATUS_CODE_UNSET": 0, "STATUS_CODE_OK": 1, "STATUS_CODE_ERROR": 2}
+
+
+class PayloadError(ValueError):
+    """The request cannot be stored; the message says what is wrong and where."""
+
+
+@dataclass(slots=True)
+class Decoded:
+    spans: list[SpanRecord] = field(default_factory=list)
+    rejected: list[str] = field(default_factory=list)  # one message per rejected span
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_attribute_bytes: int
+
+
+def _check_span(span: SpanRecord, where: str, out: Decoded) -> None:
+    if span.trace_id == _ZERO_TRACE or span.span_id == _ZERO_SPAN:
+        out.rejected.append(f"{where}: trace id and span id must not be all zeros")
+    elif span.end_time_ns and span.start_time_ns and span.end_time_ns < span.start_time_ns:
+        out.rejected.append(f"{where}: ends ({span.end_time_ns}) before it starts ({span.start_time_ns})")
+    else:
+        out.spans.append(span)
+
+
+# ---- protobuf ---------------------------------------------------------------------------------------------------
+
+def _pb_value(value: Any, limits: Limits, where: str, depth: int = 0) -> Any:
+    if depth > MAX_DEPTH:
+        raise PayloadError(f"{where}: attribute nested deeper than {MAX_DEPTH} levels")
+    kind = value.WhichOneof("value")
+    if kind == "string_value":
+        text = value.string_value
+        if len(text) > limits.max_attribute_bytes:
+            raise PayloadError(f"{where}: attribute value of {len(text)} characters is over the limit of "
+                               f"{limits.max_attribute_bytes}")
+        return text
+    if kind == "int_value":
+        return value.int_value
+    if kind == "bool_value":
+        return value.bool_value
+    if kind == "double_value":
+        return value.double_value
+    if kind == "bytes_value":
+        if len(value.bytes_value) > limits.max_attribute_bytes:
+            raise PayloadError(f"{where}: attribute value of {len(value.bytes_value)} bytes is over the limit of "
+                               f"{limits.max_attribute_bytes}")
+        return base64.b64encode(value.bytes_value).decode()
+    if kind == "array_value":
+        return [_pb_value(v, limits, f"{where}[{i}]", depth + 1) for i, v in enumerate(value.array_value.values)]
+    if kind == "kvlist_value":
+        return {kv.key: _pb_value(kv.value, limits, f"{where}.{kv.key}", depth + 1) for kv in value.kvlist_value.values}
+    return None
+
+
+def _pb_attributes(attributes: Any, limits: Limits, where: str) -> dict[str, Any]:
+    if len(attributes) > MAX_ATTRIBUTES:
+        raise PayloadError(f"{where}: {len(attributes)} attributes, more than the limit of {MAX_ATTRIBUTES}")
+    return {kv.key: _pb_value(kv.value, limits, f"{where}[{kv.key!r}]") for kv in attributes}
+
+
+def _pb_id(raw: bytes, size: int, where: str, optional: bool = False) -> str | None:
+    if not raw and optional:
+        return None
+    if len(raw) != size:
+        raise PayloadError(f"{where}: must be {size} bytes, got {len(raw)}")
+    return raw.hex()
+
+
+def decode_protobuf(body: bytes, limits: Limits) -> Decoded:
+    try:
+        request = ExportTraceServiceRequest.FromString(body)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise PayloadError(f"body is not a protobuf ExportTraceServiceRequest: {exc}") from exc
+    out = Decoded()
+    for i, resource_spans in enumerate(request.resource_spans):
+        resource = _pb_attributes(resource_spans.resource.attributes, limits, f"resourceSpans[{i}].resource.attributes")
+        for j, scope_spans in enumerate(resource_spans.scope_spans):
+            scope = scope_spans.scope
+            for k, span in enumerate(scope_spans.spans):
+                where = f"resourceSpans[{i}].scopeSpans[{j}].spans[{k}]"
+                record = SpanRecord(
+                    trace_id=_pb_id(span.trace_id, 16, f"{where}.traceId") or "",
+                    span_id=_pb_id(span.span_id, 8, f"{where}.spanId") or "",
+                    parent_span_id=_pb_id(span.parent_span_id, 8, f"{where}.parentSpanId", optional=True),
+                    name=span.name,
+                    kind=span.kind,
+                    start_time_ns=span.start_time_unix_nano,
+                    end_time_ns=span.end_time_unix_nano,
+                    status_code=span.status.code,
+                    status_message=span.status.message,
+                    attributes=_pb_attributes(span.attributes, limits, f"{where}.attributes"),
+                    resource=resource,
+                    scope_name=scope.name,
+                    scope_version=scope.version,
+                    events=[
+                        {"name": e.name, "time_ns": e.time_unix_nano,
+                         "attributes": _pb_attributes(e.attributes, limits, f"{where}.events[{n}].attributes")}
+                        for n, e in enumerate(span.events)
+                    ],
+                    links=[
+                        {"trace_id": link.trace_id.hex(), "span_id": link.span_id.hex(),
+                         "attributes": _pb_attributes(link.attributes, limits, f"{where}.links[{n}].attributes")}
+                        for n, link in enumerate(span.links)
+                    ],
+                )
+                _check_span(record, where, out)
+    return out
+
+
+# ---- JSON (OTLP/JSON: lowerCamelCase keys, hex ids, int64 as strings) ---------------------------------------------
+
+def _field(obj: Mapping[str, Any], camel: str, snake: str, default: Any = None) -> Any:
+    if camel in obj:
+        return obj[camel]
+    return obj.get(snake, default)
+
+
+def _expect(value: Any, types: type | tuple[type, ...], where: str, what: str) -> Any:
+    allowed = types if isinstance(types, tuple) else (types,)
+    if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+        raise PayloadError(f"{where}: expected {what}, got {type(value).__name__} {_preview(value)}")
+    return value
+
+
+def _preview(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _json_int(value: Any, where: str, default: int = 0) -> int:
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        raise PayloadError(f"{where}: expected an integer, got bool")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    raise PayloadError(f"{where}: expected an integer (or its decimal string), got {_preview(value)}")
+
+
+def _json_enum(value: Any, names: Mapping[str, int], where: str) -> int:
+    if isinstance(value, str) and value in names:
+        return names[value]
+    return _json_int(value, where)
+
+
+def _json_id(value: Any, size: int, where: str, optional: bool = False) -> str | None:
+    if value in (None, "") and optional:
+        return None
+    if not isinstance(value, str) or len(value) != size * 2:
+        raise PayloadError(f"{where}: expected {size * 2} hex digits, got {_preview(value)}")
+    try:
+        bytes.fromhex(value)
+    except ValueError:
+        raise PayloadError(f"{where}: expected {size * 2} hex digits, got {_preview(value)}") from None
+    return value.lower()
+
+
+def _json_value(value: Any, limits: Limits, where: str, depth: int = 0) -> Any:
+    if depth > MAX_DEPTH:
+        raise PayloadError(f"{where}: attribute nested deeper than {MAX_DEPTH} levels")
+    _expect(value, dict, where, "an AnyValue object")
+    if not value:
+        return None
+    if len(value) != 1:
+        raise PayloadError(f"{where}: an AnyValue holds exactly one of stringValue, intValue, ..., got {sorted(value)}")
+    (kind, inner), = value.items()
+    if kind in ("stringValue", "string_value"):
+        text = _expect(inner, str, where, "a string")
+        if len(text) > limits.max_attribute_bytes:
+            raise PayloadError(f"{where}: attribute value of {len(text)} characters is over the limit of "
+                               f"{limits.max_attribute_bytes}")
+        return text
+    if kind in ("intValue", "int_value"):
+        return _json_int(inner, where)
+    if kind in ("boolValue", "bool_value"):
+        return _expect(inner, bool, where, "a boolean")
+    if kind in ("doubleValue", "double_value"):
+        if isinstance(inner, str) and inner in ("NaN", "Infinity", "-Infinity"):
+            return float(inner)
+        return float(_expect(inner, (int, float), where, "a number"))
+    if kind in ("bytesValue", "bytes_value"):
+        text = _expect(inner, str, where, "base64 text")
+        if len(text) > limits.max_attribute_bytes:
+            raise PayloadError(f"{where}: attribute value of {len(text)} characters is over the limit")
+        return text
+    if kind in ("arrayValue", "array_value"):
+        values = _expect(_expect(inner, dict, where, "an object").get("values", []), list, where, "a list")
+        return [_json_value(v, limits, f"{where}[{i}]", depth + 1) for i, v in enumerate(values)]
+    if kind in ("kvlistValue", "kvlist_value"):
+        values = _expect(_expect(inner, dict, where, "an object").get("values", []), list, where, "a list")
+        return _json_attributes(values, limits, where, depth + 1)
+    raise PayloadError(f"{where}: unknown AnyValue field {kind!r}")
+
+
+def _json_attributes(items: Any, limits: Limits, where: str, depth: int = 0) -> dict[str, Any]:
+    if items is None:
+        return {}
+    _expect(items, list, where, "a list of key/value objects")
+    if len(items) > MAX_ATTRIBUTES:
+        raise PayloadError(f"{where}: {len(items)} attributes, more than the limit of {MAX_ATTRIBUTES}")
+    out: dict[str, Any] = {}
+    for n, item in enumerate(items):
+        _expect(item, dict, f"{where}[{n}]", "a key/value object")
+        key = _expect(item.get("key"), str, f"{where}[{n}].key", "a string")
+        out[key] = _json_value(item.get("value", {}), limits, f"{where}[{key!r}]", depth)
+    return out
+
+
+def _json_list(obj: Mapping[str, Any], camel: str, snake: str, where: str) -> list[Any]:
+    return _expect(_field(obj, camel, snake, []) or [], list, f"{where}.{camel}", "a list")
+
+
+def decode_json(body: bytes, limits: Limits) -> Decoded:
+    try:
+        request = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise PayloadError(f"body is not valid JSON: {exc}") from exc
+    _expect(request, dict, "body", "an ExportTraceServiceRequest object")
+    out = Decoded()
+    for i, rs in enumerate(_json_list(request, "resourceSpans", "resource_spans", "body")):
+        rs_where = f"resourceSpans[{i}]"
+        _expect(rs, dict, rs_where, "an object")
+        resource_obj = _expect(rs.get("resource") or {}, dict, f"{rs_where}.resource", "an object")
+        resource = _json_attributes(resource_obj.get("attributes"), limits, f"{rs_where}.resource.attributes")
+        for j, ss in enumerate(_json_list(rs, "scopeSpans", "scope_spans", rs_where)):
+            ss_where = f"{rs_where}.scopeSpans[{j}]"
+            _expect(ss, dict, ss_where, "an object")
+            scope = _expect(ss.get("scope") or {}, dict, f"{ss_where}.scope", "an object")
+            for k, span in enumerate(_json_list(ss, "spans", "spans", ss_where)):
+                where = f"{ss_where}.spans[{k}]"
+                _expect(span, dict, where, "a span object")
+                status = _expect(span.get("status") or {}, dict, f"{where}.status", "an object")
+                record = SpanRecord(
+                    trace_id=_json_id(_field(span, "traceId", "trace_id"), 16, f"{where}.traceId") or "",
+                    span_id=_json_id(_field(span, "spanId", "span_id"), 8, f"{where}.spanId") or "",
+                    parent_span_id=_json_id(_field(span, "parentSpanId", "parent_span_id"), 8,
+                                            f"{where}.parentSpanId", optional=True),
+                    name=_expect(span.get("name", ""), str, f"{where}.name", "a string"),
+                    kind=_json_enum(span.get("kind", 0), _SPAN_KINDS, f"{where}.kind"),
+                    start_time_ns=_json_int(_field(span, "startTimeUnixNano", "start_time_unix_nano"),
+                                            f"{where}.startTimeUnixNano"),
+                    end_time_ns=_json_int(_field(span, "endTimeUnixNano", "end_time_unix_nano"),
+                                          f"{where}.endTimeUnixNano"),
+                    status_code=_json_enum(status.get("code", 0), _STATUS_CODES, f"{where}.status.code"),
+                    status_message=_expect(status.get("message", ""), str, f"{where}.status.message", "a string"),
+                    attributes=_json_attributes(span.get("attributes"), limits, f"{where}.attributes"),
+                    resource=resource,
+                    scope_name=_expect(scope.get("name", ""), str, f"{ss_where}.scope.name", "a string"),
+                    scope_version=_expect(scope.get("version", ""), str, f"{ss_where}.scope.version", "a string"),
+                    events=[_json_event(e, limits, f"{where}.events[{n}]")
+                            for n, e in enumerate(_json_list(span, "events", "events", where))],
+                    links=[_json_link(link, limits, f"{where}.links[{n}]")
+                           for n, link in enumerate(_json_list(span, "links", "links", where))],
+                )
+                _check_span(record, where, out)
+    return out
+
+
+def _json_event(event: Any, limits: Limits, where: str) -> dict[str, Any]:
+    _expect(event, dict, where, "an event object")
+    return {"name": _expect(event.get("name", ""), str, f"{where}.name", "a string"),
+            "time_ns": _json_int(_field(event, "timeUnixNano", "time_unix_nano"), f"{where}.timeUnixNano"),
+            "attributes": _json_attributes(event.get("attributes"), limits, f"{where}.attributes")}
+
+
+def _json_link(link: Any, limits: Limits, where: str) -> dict[str, Any]:
+    _expect(link, dict, where, "a link object")
+    return {"trace_id": _json_id(_field(link, "traceId", "trace_id"), 16, f"{where}.traceId"),
+            "span_id": _json_id(_field(link, "spanId", "span_id"), 8, f"{where}.spanId"),
+            "attributes": _json_attributes(link.get("attributes"), limits, f"{where}.attributes")}
+
+
+DECODERS: dict[str, Callable[[bytes, Limits], Decoded]] = {
+    "application/x-protobuf": decode_protobuf,
+    "application/protobuf": decode_protobuf,
+    "application/json": decode_json,
+}

@@ -1,0 +1,131 @@
+"""The store's tables (SQLAlchemy 2 ORM). One schema for SQLite and PostgreSQL; Alembic migrations change it."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+JSONType = JSON().with_variant(JSONB(), "postgresql")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class SpanRow(Base):
+    """A raw OTLP span, as received. Idempotent on (trace_id, span_id): exporters retry."""
+
+    __tablename__ = "spans"
+    __table_args__ = (
+        UniqueConstraint("trace_id", "span_id", name="uq_spans_trace_span"),
+        Index("ix_spans_start", "start_time_ns"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    trace_id: Mapped[str] = mapped_column(String(32))
+    span_id: Mapped[str] = mapped_column(String(16))
+    parent_span_id: Mapped[str | None] = mapped_column(String(16))
+    name: Mapped[str] = mapped_column(Text)
+    kind: Mapped[int] = mapped_column(Integer)
+    start_time_ns: Mapped[int] = mapped_column(BigInteger)
+    end_time_ns: Mapped[int] = mapped_column(BigInteger)
+    status_code: Mapped[int] = mapped_column(Integer)
+    status_message: Mapped[str] = mapped_column(Text)
+    service_name: Mapped[str | None] = mapped_column(Text)
+    scope_name: Mapped[str] = mapped_column(Text)
+    attributes: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    resource: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    events: Mapped[list[Any]] = mapped_column(JSONType)
+    links: Mapped[list[Any]] = mapped_column(JSONType)
+    received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ToolsetRow(Base):
+    """A distinct list of tools offered to a model, stored once (by hash)."""
+
+    __tablename__ = "toolsets"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    hash: Mapped[str] = mapped_column(String(64), unique=True)
+    tools: Mapped[list[dict[str, Any]]] = mapped_column(JSONType)
+    tool_count: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ToolCallRow(Base):
+    """One tool call a model emitted, verified at ingest against the tools it was offered."""
+
+    __tablename__ = "tool_calls"
+    __table_args__ = (
+        UniqueConstraint("trace_id", "span_id", "call_index", name="uq_tool_calls_span_index"),
+        Index("ix_tool_calls_trace_call", "trace_id", "tool_call_id"),
+        Index("ix_tool_calls_model", "model"),
+        Index("ix_tool_calls_name", "name"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    trace_id: Mapped[str] = mapped_column(String(32))
+    span_id: Mapped[str] = mapped_column(String(16))
+    call_index: Mapped[int] = mapped_column(Integer)
+    tool_call_id: Mapped[str | None] = mapped_column(Text)
+    raw: Mapped[str] = mapped_column(Text)
+    name: Mapped[str | None] = mapped_column(Text)
+    arguments: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    toolset_id: Mapped[int | None] = mapped_column(ForeignKey("toolsets.id"))
+    parsed: Mapped[bool] = mapped_column(Boolean)
+    name_valid: Mapped[bool | None] = mapped_column(Boolean)  # None: the span did not say which tools were offered
+    schema_valid: Mapped[bool | None] = mapped_column(Boolean)
+    stage: Mapped[str | None] = mapped_column(String(16))
+    violations: Mapped[list[dict[str, Any]]] = mapped_column(JSONType)
+    execution_status: Mapped[str | None] = mapped_column(String(16))  # success | error, None while unknown
+    execution_error: Mapped[str | None] = mapped_column(Text)
+    execution_result: Mapped[str | None] = mapped_column(Text)
+    execution_span_id: Mapped[str | None] = mapped_column(String(16))
+    model: Mapped[str | None] = mapped_column(Text)
+    harness_version: Mapped[str | None] = mapped_column(Text)
+    domain: Mapped[str | None] = mapped_column(String(32))
+    repairs_id: Mapped[int | None] = mapped_column(ForeignKey("tool_calls.id"))
+    start_time_ns: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ToolExecutionRow(Base):
+    """A tool execution (execute_tool span, MCP tools/call, OpenInference TOOL span), kept so that a model call that
+    arrives after its execution is still linked to it."""
+
+    __tablename__ = "tool_executions"
+    __table_args__ = (
+        UniqueConstraint("trace_id", "span_id", name="uq_tool_executions_trace_span"),
+        Index("ix_tool_executions_trace_call", "trace_id", "tool_call_id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    trace_id: Mapped[str] = mapped_column(String(32))
+    span_id: Mapped[str] = mapped_column(String(16))
+    tool_call_id: Mapped[str | None] = mapped_column(Text)
+    tool_name: Mapped[str | None] = mapped_column(Text)
+    arguments: Mapped[str | None] = mapped_column(Text)
+    ok: Mapped[bool] = mapped_column(Boolean)
+    error: Mapped[str | None] = mapped_column(Text)
+    result: Mapped[str | None] = mapped_column(Text)
+
+
+class ApiKeyRow(Base):
+    """A collector API key. Only its SHA-256 is kept; the key itself is shown once, when created."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(Text)
+    prefix: Mapped[str] = mapped_column(String(16))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
