@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import click
 
-from tracemill.settings import get_settings
-
 
 def database_option(func):  # type: ignore[no-untyped-def]
     return click.option("--db", "db_url", metavar="URL", help="Database URL (default: TRACEMILL_DATABASE_URL, "
@@ -13,6 +11,8 @@ def database_option(func):  # type: ignore[no-untyped-def]
 
 
 def resolve_db(db_url: str | None) -> str:
+    from tracemill.settings import get_settings
+
     return db_url or get_settings().database_url
 
 
@@ -25,7 +25,7 @@ def db() -> None:
 @database_option
 def upgrade(db_url: str | None) -> None:
     """Migrate the store to the newest schema."""
-    from tracemill.store import make_engine
+    from tracemill.store.engine import make_engine
     from tracemill.store.migrate import current_revision, upgrade as run_upgrade
 
     engine = make_engine(resolve_db(db_url))
@@ -37,7 +37,7 @@ def upgrade(db_url: str | None) -> None:
 @database_option
 def current(db_url: str | None) -> None:
     """Print the store's schema revision and the newest one."""
-    from tracemill.store import make_engine
+    from tracemill.store.engine import make_engine
     from tracemill.store.migrate import current_revision, head_revision
 
     engine = make_engine(resolve_db(db_url))

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Engine, create_engine, event
+from typing import Any
+
+import orjson
+from sqlalchemy import Engine, Insert, Table, create_engine, event
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 
 
@@ -25,13 +29,24 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyp
     cursor.close()
 
 
+def _json_dumps(value: Any) -> str:
+    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+
+
+def insert_ignoring_duplicates(table: Table, dialect: str) -> Insert:
+    """INSERT that skips rows whose unique key is already stored (exporters re-send what they were not sure of)."""
+    module = postgresql if dialect == "postgresql" else sqlite
+    return module.insert(table).on_conflict_do_nothing()
+
+
 def make_engine(url: str) -> Engine:
     try:
         parsed = make_url(url)
     except Exception as exc:
         raise StoreURLError(f"database URL {url!r} is not a valid SQLAlchemy URL: {exc}") from exc
     if parsed.get_backend_name() == "sqlite":
-        engine = create_engine(parsed, connect_args={"check_same_thread": False, "timeout": 60})
+        engine = create_engine(parsed, connect_args={"check_same_thread": False, "timeout": 60},
+                               json_serializer=_json_dumps)
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(parsed, pool_pre_ping=True)
+    return create_engine(parsed, pool_pre_ping=True, json_serializer=_json_dumps)

@@ -1,0 +1,89 @@
+"""`tracemill collector` and `tracemill keys`."""
+
+from __future__ import annotations
+
+import click
+
+from tracemill.store.cli import database_option, resolve_db
+
+
+def _open_store(db_url: str | None):  # type: ignore[no-untyped-def]
+    """The store's engine, migrated if it is a SQLite file; a PostgreSQL store must be migrated on purpose."""
+    from tracemill.store.engine import is_sqlite, make_engine
+    from tracemill.store.migrate import current_revision, head_revision, upgrade
+
+    url = resolve_db(db_url)
+    engine = make_engine(url)
+    if is_sqlite(url):
+        upgrade(engine)
+    elif current_revision(engine) != head_revision():
+        raise click.ClickException(
+            f"the store at {engine.url.render_as_string(hide_password=True)} is at schema revision "
+            f"{current_revision(engine) or 'none'}, not {head_revision()}: run `tracemill db upgrade --db URL` first")
+    return engine
+
+
+@click.command()
+@click.option("--host", default=None, help="Interface to listen on (default 127.0.0.1).")
+@click.option("--port", type=int, default=None, help="Port (default 4318, OTLP/HTTP's).")
+@database_option
+@click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]))
+def collector(host: str | None, port: int | None, db_url: str | None, log_level: str) -> None:
+    """Run the OTLP/HTTP collector: POST /v1/traces (protobuf or JSON, gzip), GET /healthz.
+
+    Every span is committed before it is acknowledged; re-sent spans are stored once. Limits come from
+    TRACEMILL_MAX_BODY_BYTES, TRACEMILL_MAX_ATTRIBUTE_BYTES, TRACEMILL_INGEST_QUEUE_SPANS."""
+    import uvicorn
+
+    from tracemill.collector.app import CollectorConfig, create_app
+    from tracemill.settings import get_settings
+
+    settings = get_settings()
+    engine = _open_store(db_url)
+    app = create_app(engine, CollectorConfig(
+        max_body_bytes=settings.max_body_bytes, max_attribute_bytes=settings.max_attribute_bytes,
+        max_queued_spans=settings.ingest_queue_spans, max_batch_spans=settings.ingest_batch_spans,
+        retry_after_seconds=settings.retry_after_seconds,
+    ))
+    uvicorn.run(app, host=host or settings.collector_host, port=port or settings.collector_port,
+                log_level=log_level, access_log=False, timeout_graceful_shutdown=30)
+
+
+@click.group()
+def keys() -> None:
+    """Manage collector API keys. Once a key exists, the collector refuses requests without a valid one."""
+
+
+@keys.command("create")
+@click.option("--name", required=True, help="Who or what the key is for.")
+@database_option
+def create(name: str, db_url: str | None) -> None:
+    """Create a key and print it (only this once)."""
+    from tracemill.collector.keys import create_key
+
+    row, key = create_key(_open_store(db_url), name)
+    click.echo(key)
+    click.echo(f"key {row.id} ({name}) created; it is shown only now", err=True)
+
+
+@keys.command("list")
+@database_option
+def list_(db_url: str | None) -> None:
+    """List keys (never the keys themselves)."""
+    from tracemill.collector.keys import list_keys
+
+    for row in list_keys(_open_store(db_url)):
+        state = f"revoked {row.revoked_at:%Y-%m-%d %H:%M}" if row.revoked_at else "active"
+        click.echo(f"{row.id}\t{row.prefix}…\t{row.name}\t{row.created_at:%Y-%m-%d %H:%M}Z\t{state}")
+
+
+@keys.command("revoke")
+@click.argument("key_id", type=int)
+@database_option
+def revoke(key_id: int, db_url: str | None) -> None:
+    """Revoke key KEY_ID (see `keys list`)."""
+    from tracemill.collector.keys import revoke_key
+
+    if not revoke_key(_open_store(db_url), key_id):
+        raise click.ClickException(f"no active key with id {key_id}")
+    click.echo(f"key {key_id} revoked")

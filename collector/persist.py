@@ -1,0 +1,204 @@
+"""Turning decoded spans into rows: spans, toolsets, verified tool calls and tool executions, in one transaction."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, select, update
+
+from tracemill.collector.domains import classify_domain
+from tracemill.collector.normalize import Extracted, ExtractedCall, ExtractedExecution, extract
+from tracemill.collector.spans import SpanRecord
+from tracemill.store.engine import insert_ignoring_duplicates
+from tracemill.store.tables import SpanRow, ToolCallRow, ToolExecutionRow, ToolsetRow, utcnow
+from tracemill.tools import Tool, toolset_hash
+from tracemill.verify import Stage, Verdict, parse_call, tool_index, verify
+
+_RESULT_CHARS = 64 * 1024
+_SPANS = SpanRow.__table__
+_TOOLSETS = ToolsetRow.__table__
+_CALLS = ToolCallRow.__table__
+_EXECUTIONS = ToolExecutionRow.__table__
+
+_LINK_EXECUTION = (
+    update(_CALLS)
+    .where(_CALLS.c.trace_id == bindparam("t"), _CALLS.c.tool_call_id == bindparam("c"),
+           _CALLS.c.execution_status.is_(None))
+    .values(execution_status=bindparam("s"), execution_error=bindparam("e"), execution_result=bindparam("r"),
+            execution_span_id=bindparam("x"))
+)
+
+
+class _Bounded(OrderedDict[str, Any]):
+    """A small LRU map for caches that must not grow with traffic."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+
+    def put(self, key: str, value: Any) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        if len(self) > self.size:
+            self.popitem(last=False)
+
+
+@dataclass(slots=True)
+class _Toolset:
+    id: int
+    index: dict[str, Tool]
+
+
+class SpanWriter:
+    """Writes batches of spans. Holds caches (toolsets, the tools each recent trace was offered); one per writer."""
+
+    def __init__(self, dialect: str) -> None:
+        self.dialect = dialect
+        self._toolsets: _Bounded = _Bounded(4096)
+        self._new_toolsets: dict[str, _Toolset] = {}  # inserted by the open transaction; cached once it commits
+        self._trace_tools: _Bounded = _Bounded(65536)
+
+    def write(self, conn: Connection, spans: list[SpanRecord]) -> None:
+        now = utcnow()
+        span_rows: list[dict[str, Any]] = []
+        call_rows: list[dict[str, Any]] = []
+        execution_rows: list[dict[str, Any]] = []
+        extracted: list[tuple[SpanRecord, Extracted]] = []
+        for span in spans:
+            span_rows.append(_span_row(span, now))
+            found = extract(span)
+            if found.calls or found.executions or found.offered_tools:
+                extracted.append((span, found))
+                if found.offered_tools:
+                    self._trace_tools.put(span.trace_id, found.offered_tools)
+
+        executions = {(span.trace_id, e.tool_call_id): (span, e)
+                      for span, found in extracted for e in found.executions if e.tool_call_id}
+        for span, found in extracted:
+            for call in found.calls:
+                call_rows.append(self._call_row(conn, span, found, call, now))
+            for execution in found.executions:
+                execution_rows.append(_execution_row(span, execution))
+        self._link_stored_executions(conn, call_rows, executions)
+
+        conn.execute(insert_ignoring_duplicates(_SPANS, self.dialect), span_rows)
+        if call_rows:
+            conn.execute(insert_ignoring_duplicates(_CALLS, self.dialect), call_rows)
+        if execution_rows:
+            conn.execute(insert_ignoring_duplicates(_EXECUTIONS, self.dialect), execution_rows)
+            links = [{"t": r["trace_id"], "c": r["tool_call_id"], "s": "success" if r["ok"] else "error",
+                      "e": r["error"], "r": r["result"], "x": r["span_id"]}
+                     for r in execution_rows if r["tool_call_id"]]
+            if links:
+                conn.execute(_LINK_EXECUTION, links)
+
+    def _call_row(self, conn: Connection, span: SpanRecord, found: Extracted, call: ExtractedCall,
+                  now: Any) -> dict[str, Any]:
+        tools = call.tools if call.tools is not None else self._trace_tools.get(span.trace_id)
+        toolset = self._toolset(conn, tools) if tools is not None else None
+        verdict = _verdict(call, toolset)
+        tool = verdict.tool
+        name_valid: bool | None = verdict.name_valid if toolset else None
+        schema_valid = verdict.schema_valid
+        if toolset and verdict.stage is Stage.PARSE and call.name:
+            # A native call names its tool apart from its arguments: the name can be valid while the arguments
+            # are unreadable, and then they do not comply with the schema.
+            tool = toolset.index.get(call.name)
+            name_valid = tool is not None
+            schema_valid = False if name_valid else None
+        return {
+            "trace_id": span.trace_id, "span_id": span.span_id, "call_index": call.index,
+            "tool_call_id": call.tool_call_id, "raw": call.raw,
+            "name": verdict.call.name if verdict.call else call.name,
+            "arguments": verdict.call.arguments if verdict.call else None,
+            "toolset_id": toolset.id if toolset else None,
+            "parsed": verdict.parsed,
+            "name_valid": name_valid,
+            "schema_valid": schema_valid,
+            "stage": verdict.stage.value if verdict.stage else None,
+            "violations": [v.to_dict() for v in verdict.violations],
+            "execution_status": None, "execution_error": None, "execution_result": None, "execution_span_id": None,
+            "model": call.model, "harness_version": found.harness_version,
+            "domain": found.domain or classify_domain(tool, call.name),
+            "repairs_id": None, "start_time_ns": span.start_time_ns, "created_at": now,
+        }
+
+    def _toolset(self, conn: Connection, tools: list[Tool]) -> _Toolset:
+        digest = toolset_hash(tools)
+        cached = self._toolsets.get(digest) or self._new_toolsets.get(digest)
+        if cached is None:
+            conn.execute(insert_ignoring_duplicates(_TOOLSETS, self.dialect),
+                         [{"hash": digest, "tools": [t.to_mcp() for t in tools], "tool_count": len(tools),
+                           "created_at": utcnow()}])
+            toolset_id = conn.execute(select(_TOOLSETS.c.id).where(_TOOLSETS.c.hash == digest)).scalar_one()
+            cached = _Toolset(toolset_id, tool_index(tools))
+            self._new_toolsets[digest] = cached
+        return cached
+
+    def committed(self) -> None:
+        for digest, toolset in self._new_toolsets.items():
+            self._toolsets.put(digest, toolset)
+        self._new_toolsets.clear()
+
+    def rolled_back(self) -> None:
+        self._new_toolsets.clear()
+
+    def _link_stored_executions(self, conn: Connection, call_rows: list[dict[str, Any]],
+                                in_batch: dict[tuple[str, str], tuple[SpanRecord, ExtractedExecution]]) -> None:
+        """Attach to each new call its execution: from this batch, else one stored before the call arrived."""
+        missing: list[dict[str, Any]] = []
+        for row in call_rows:
+            if not row["tool_call_id"]:
+                continue
+            hit = in_batch.get((row["trace_id"], row["tool_call_id"]))
+            if hit is None:
+                missing.append(row)
+            else:
+                _set_execution(row, hit[0].span_id, hit[1].ok, hit[1].error, hit[1].result)
+        if not missing:
+            return
+        wanted = {(r["trace_id"], r["tool_call_id"]) for r in missing}
+        stored = conn.execute(
+            select(_EXECUTIONS.c.trace_id, _EXECUTIONS.c.tool_call_id, _EXECUTIONS.c.span_id, _EXECUTIONS.c.ok,
+                   _EXECUTIONS.c.error, _EXECUTIONS.c.result)
+            .where(_EXECUTIONS.c.trace_id.in_({t for t, _ in wanted}))
+        ).all()
+        by_key = {(s.trace_id, s.tool_call_id): s for s in stored if (s.trace_id, s.tool_call_id) in wanted}
+        for row in missing:
+            s = by_key.get((row["trace_id"], row["tool_call_id"]))
+            if s is not None:
+                _set_execution(row, s.span_id, s.ok, s.error, s.result)
+
+
+def _verdict(call: ExtractedCall, toolset: _Toolset | None) -> Verdict:
+    if toolset is not None:
+        return verify(call.call_input, toolset.index)
+    parsed = parse_call(call.call_input)
+    return parsed if isinstance(parsed, Verdict) else Verdict(ok=False, stage=None, call=parsed)
+
+
+def _set_execution(row: dict[str, Any], span_id: str, ok: bool, error: str | None, result: str | None) -> None:
+    row.update(execution_status="success" if ok else "error", execution_error=error, execution_result=result,
+               execution_span_id=span_id)
+
+
+def _span_row(span: SpanRecord, now: Any) -> dict[str, Any]:
+    service = span.resource.get("service.name")
+    return {
+        "trace_id": span.trace_id, "span_id": span.span_id, "parent_span_id": span.parent_span_id,
+        "name": span.name, "kind": span.kind, "start_time_ns": span.start_time_ns, "end_time_ns": span.end_time_ns,
+        "status_code": span.status_code, "status_message": span.status_message,
+        "service_name": service if isinstance(service, str) else None, "scope_name": span.scope_name,
+        "attributes": span.attributes, "resource": span.resource, "events": span.events, "links": span.links,
+        "received_at": now,
+    }
+
+
+def _execution_row(span: SpanRecord, execution: ExtractedExecution) -> dict[str, Any]:
+    return {
+        "trace_id": span.trace_id, "span_id": span.span_id, "tool_call_id": execution.tool_call_id,
+        "tool_name": execution.tool_name, "arguments": execution.arguments, "ok": execution.ok,
+        "error": execution.error, "result": execution.result[:_RESULT_CHARS] if execution.result else None,
+    }

@@ -1,0 +1,112 @@
+"""MCP-Bench's rule-based metrics over the stored tool calls (`tracemill stats`).
+
+- valid_tool_name_rate: calls whose name is among the tools offered / calls whose offered tools are known
+- input_schema_compliance: valid-name calls whose arguments pass the tool's input schema / valid-name calls
+- execution_success_rate: calls that ran successfully / calls whose outcome is known. A call that could not be
+  parsed or named a tool that was not offered cannot have run: it counts as a failure.
+- valid_call_failure_rate: valid-name calls whose execution failed / valid-name calls whose outcome is known
+A rate with nothing to divide by is null.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import click
+from sqlalchemy import Engine, and_, case, func, or_, select
+
+from tracemill.store.cli import database_option, resolve_db
+from tracemill.store.tables import ToolCallRow as C
+
+GROUPS = {"model": C.model, "tool": C.name, "harness": C.harness_version, "domain": C.domain}
+
+
+@dataclass(frozen=True, slots=True)
+class Metrics:
+    valid_tool_name_rate: float | None
+    input_schema_compliance: float | None
+    execution_success_rate: float | None
+    valid_call_failure_rate: float | None
+    total_calls: int
+
+
+def _count(condition: Any) -> Any:
+    return func.coalesce(func.sum(case((condition, 1), else_=0)), 0)
+
+
+def _rate(numerator: int, denominator: int) -> float | None:
+    return numerator / denominator if denominator else None
+
+
+_CANNOT_RUN = or_(C.parsed.is_(False), C.name_valid.is_(False))
+_OUTCOME_KNOWN = or_(C.execution_status.is_not(None), _CANNOT_RUN)
+_COLUMNS = (
+    func.count().label("total"),
+    _count(C.name_valid.is_not(None)).label("named"),
+    _count(C.name_valid.is_(True)).label("valid_name"),
+    _count(and_(C.name_valid.is_(True), C.schema_valid.is_(True))).label("compliant"),
+    _count(_OUTCOME_KNOWN).label("outcome_known"),
+    _count(C.execution_status == "success").label("succeeded"),
+    _count(and_(C.name_valid.is_(True), C.execution_status.is_not(None))).label("valid_known"),
+    _count(and_(C.name_valid.is_(True), C.execution_status == "error")).label("valid_failed"),
+)
+
+
+def _metrics(row: Any) -> Metrics:
+    return Metrics(
+        valid_tool_name_rate=_rate(row.valid_name, row.named),
+        input_schema_compliance=_rate(row.compliant, row.valid_name),
+        execution_success_rate=_rate(row.succeeded, row.outcome_known),
+        valid_call_failure_rate=_rate(row.valid_failed, row.valid_known),
+        total_calls=row.total,
+    )
+
+
+def compute(engine: Engine, by: str | None = None) -> tuple[Metrics, dict[str, Metrics]]:
+    with engine.connect() as conn:
+        overall = _metrics(conn.execute(select(*_COLUMNS).select_from(C)).one())
+        groups: dict[str, Metrics] = {}
+        if by:
+            key = GROUPS[by]
+            for row in conn.execute(select(key.label("key"), *_COLUMNS).group_by(key).order_by(key)):
+                groups["(none)" if row.key is None else str(row.key)] = _metrics(row)
+    return overall, groups
+
+
+def _fmt(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1%}"
+
+
+@click.command()
+@database_option
+@click.option("--by", type=click.Choice(sorted(GROUPS)), help="Also give the figures per model, tool, harness "
+              "version or domain.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: the five overall figures, plus `groups`.")
+def stats(db_url: str | None, by: str | None, as_json: bool) -> None:
+    """MCP-Bench's rule-based metrics over the stored tool calls.
+
+    valid_tool_name_rate, input_schema_compliance, execution_success_rate, valid_call_failure_rate and total_calls;
+    see `tracemill.stats` for how each is counted."""
+    from tracemill.store.engine import make_engine
+    from tracemill.store.migrate import current_revision
+
+    engine = make_engine(resolve_db(db_url))
+    if current_revision(engine) is None:
+        raise click.ClickException(f"no Tracemill store at {engine.url.render_as_string(hide_password=True)} "
+                                   "(start the collector on it, or run `tracemill db upgrade`)")
+    overall, groups = compute(engine, by)
+    if as_json:
+        click.echo(json.dumps({**asdict(overall), "groups": {k: asdict(v) for k, v in groups.items()}}, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("group", "calls", "valid tool name", "schema compliance", "execution success",
+                  "valid-call failure", title="Tool calls (MCP-Bench rule-based metrics)")
+    rows = [("all", overall)] + ([] if not by else [(f"{by}={k}", v) for k, v in groups.items()])
+    for label, m in rows:
+        table.add_row(label, str(m.total_calls), _fmt(m.valid_tool_name_rate), _fmt(m.input_schema_compliance),
+                      _fmt(m.execution_success_rate), _fmt(m.valid_call_failure_rate))
+    Console().print(table)
