@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracemill.repair import name_key
+from tracemill.repair import name_key, schema_types
 from tracemill.tools import Tool
 from tracemill.verify import ToolCall
 
@@ -190,20 +190,6 @@ def _properties(tool: Tool) -> dict[str, Any]:
     return dict(props) if isinstance(props, Mapping) else {}
 
 
-def _types(prop: Any) -> set[str]:
-    """The JSON types a property schema admits, looking into `anyOf`/`oneOf`."""
-    if not isinstance(prop, Mapping):
-        return set()
-    t = prop.get("type")
-    found = {t} if isinstance(t, str) else set(t) if isinstance(t, list) else set()
-    for key in ("anyOf", "oneOf"):
-        alternatives = prop.get(key)
-        if isinstance(alternatives, list):
-            for alt in alternatives:
-                found |= _types(alt)
-    return found
-
-
 def _content_fault(kind: str, name: str, args: dict[str, Any], tool: Tool, tools: Sequence[Tool],
                    rng: random.Random) -> tuple[str, dict[str, Any], Fault] | None:
     names = [t.name for t in tools]
@@ -253,14 +239,14 @@ def _content_fault(kind: str, name: str, args: dict[str, Any], tool: Tool, tools
         return name, {**args, param: variant}, Fault(kind, unique, f"{param}: {value!r} -> {variant!r}")
     if kind == "number_as_string":
         options = [p for p, v in args.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-                   and _types(props.get(p)) and "string" not in _types(props.get(p))]
+                   and schema_types(props.get(p)) and "string" not in schema_types(props.get(p))]
         if not options:
             return None
         param = rng.choice(options)
         return name, {**args, param: json.dumps(args[param])}, Fault(kind, True, param)
     if kind == "array_as_string":
         options = [p for p, v in args.items() if isinstance(v, (list, dict))
-                   and _types(props.get(p)) and "string" not in _types(props.get(p))]
+                   and schema_types(props.get(p)) and "string" not in schema_types(props.get(p))]
         if not options:
             return None
         param = rng.choice(options)
@@ -323,12 +309,12 @@ class _Call:
 
 
 def _render_one(call: _Call, kinds: set[str], native: bool, last: bool, rng: random.Random) -> str:
-    """One call's text: pythonic, or JSON (native: arguments as a JSON string). `missing_brace` drops the last `}` of
-    the last call (of a native call, of its arguments string)."""
+    """One call's text: pythonic, or JSON (native: arguments as a JSON string, which `missing_brace` cuts short of its
+    last `}`; in text, `missing_brace` drops the output's final `}` or `]`)."""
     if "pythonic" in kinds:
         return _pythonic(call.name, call.args)
     literal = repr if "python_literals" in kinds else (lambda v: json.dumps(v, ensure_ascii=False))
-    drop_brace = last and "missing_brace" in kinds
+    drop_brace = last and native and "missing_brace" in kinds
     if native:
         arguments: Any = literal(call.args)
         if drop_brace:
@@ -343,37 +329,36 @@ def _render_one(call: _Call, kinds: set[str], native: bool, last: bool, rng: ran
                           {"type": "function", "name": call.name, "parameters": arguments}))
     else:
         obj = {"name": call.name, "arguments": arguments}
-    text = literal(obj)
-    return text[:-1] if drop_brace else text
+    return literal(obj)
 
 
 def _truncate(calls: list[_Call], kinds: set[str], native: bool, rng: random.Random,
               render: Any) -> tuple[str, str]:
-    """Render with the last call cut in the middle of one of its scalar values (or of its name)."""
+    """Render, cut inside one string value of the last call, or inside its name when it has no string values: an
+    output that visibly stops mid-value (a number cut short would look complete)."""
     last = calls[-1]
-    scalars = [p for p, v in last.args.items() if isinstance(v, (str, int, float)) or v is None]
-    if scalars:
-        param = rng.choice(scalars)
-        value = last.args[param]
-        last.args[param] = _SENTINEL
+    strings = [p for p, v in last.args.items() if isinstance(v, str)]
+    if not strings:
         full = render()
-        last.args[param] = value
-        if "pythonic" in kinds:
-            shown = _py(value)
-        elif "python_literals" in kinds:
-            shown = repr(value)
-        else:
-            shown = json.dumps(value, ensure_ascii=False)
-        if native:
-            shown = json.dumps(shown, ensure_ascii=False)[1:-1]
-        detail = param
+        at = full.rfind(last.name)
+        return full[: at + rng.randint(1, max(1, len(last.name) - 1))], "name"
+    param = rng.choice(strings)
+    value = last.args[param]
+    last.args[param] = _SENTINEL
+    full = render()
+    last.args[param] = value
+    if "pythonic" in kinds:
+        shown = _py(value)
+    elif "python_literals" in kinds:
+        shown = repr(value)
     else:
-        full, shown, detail = render(), "", "name"
-    match = re.search(r"\\?[\"']" + _SENTINEL, full) if scalars else re.search(re.escape(last.name), full)
-    if match is None:
-        return full[: max(1, len(full) // 2)], detail
-    cut = rng.randint(1, max(1, len(shown) - 1)) if shown else rng.randint(1, max(1, len(last.name) - 1))
-    return full[: match.start()] + (shown[:cut] if shown else last.name[:cut]), detail
+        shown = json.dumps(value, ensure_ascii=False)
+    if native:
+        shown = json.dumps(shown, ensure_ascii=False)[1:-1]
+    at = re.search(r"\\?[\"']" + _SENTINEL, full)
+    assert at is not None, "the sentinel is rendered as a quoted string"
+    quote = 2 if native else 1
+    return full[: at.start()] + shown[: rng.randint(quote, max(quote, len(shown) - quote))], param
 
 
 def corrupt_calls(calls: Sequence[ToolCall], tools: Sequence[Tool], kinds: Sequence[str],
@@ -417,6 +402,8 @@ def corrupt_calls(calls: Sequence[ToolCall], tools: Sequence[Tool], kinds: Seque
         body, detail["truncated"] = _truncate(work, applied, native, rng, render)
     else:
         body = render()
+        if "missing_brace" in applied and not native and body.endswith(("}", "]")):
+            body = body[:-1]
     truncated = "truncated" in applied
     prefix = suffix = ""
     if "python_tag" in applied:
