@@ -31,6 +31,7 @@ import difflib
 import enum
 import json
 import re
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -192,6 +193,13 @@ def _scan(text: str, start: int) -> tuple[int, str, str]:
     return n, ("open" if complete else "cut"), "".join(reversed(stack))
 
 
+def _parse(text: str) -> ast.Expression:
+    """Parse model text as a Python expression, quietly (its odd escapes are not our warnings). Never evaluated."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ast.parse(text.strip(), mode="eval")
+
+
 def _literal(text: str) -> Any:
     """JSON, else a Python literal (read with ast.literal_eval, never evaluated). Raises ValueError."""
     try:
@@ -199,7 +207,7 @@ def _literal(text: str) -> Any:
     except (ValueError, RecursionError):
         pass
     try:
-        value = ast.literal_eval(text.strip())
+        value = ast.literal_eval(_parse(text))
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as exc:
         raise ValueError(str(exc)) from None
     return _jsonable(value)
@@ -227,7 +235,7 @@ def _dotted(node: ast.expr) -> str | None:
 def _pythonic(text: str) -> list[_Raw] | None:
     """`f(a=1)` or `[f(a=1), g(b="x")]`, read with ast; None when it is not that."""
     try:
-        tree = ast.parse(text.strip(), mode="eval").body
+        tree = _parse(text).body
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return None
     nodes = tree.elts if isinstance(tree, (ast.List, ast.Tuple)) else [tree]
