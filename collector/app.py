@@ -41,7 +41,8 @@ class _TooLarge(Exception):
 
 
 def _is_json(content_type: str) -> bool:
-    return content_type == "application/json"
+    """Answer in JSON unless the request was protobuf: a client that sent something else reads JSON best."""
+    return content_type not in ("application/x-protobuf", "application/protobuf")
 
 
 def _status(http: int, code: int, message: str, json_body: bool, headers: dict[str, str] | None = None) -> Response:

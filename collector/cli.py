@@ -51,7 +51,8 @@ def collector(host: str | None, port: int | None, db_url: str | None, log_level:
 
 @click.group()
 def keys() -> None:
-    """Manage collector API keys. Once a key exists, the collector refuses requests without a valid one."""
+    """Manage collector API keys. Once any key has been created, the collector refuses requests without a valid,
+    unrevoked one."""
 
 
 @keys.command("create")

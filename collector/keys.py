@@ -47,28 +47,29 @@ class KeyChecker:
         self.engine = engine
         self.ttl = ttl
         self._hashes: frozenset[str] = frozenset()
+        self._enforced = False  # once any key was made, even one since revoked, requests need a valid key
         self._loaded_at = float("-inf")
         self._lock = threading.Lock()
 
-    def _valid_hashes(self) -> frozenset[str]:
+    def _refresh(self) -> None:
         with self._lock:
             if time.monotonic() - self._loaded_at > self.ttl:
                 with self.engine.connect() as conn:
-                    rows = conn.execute(select(ApiKeyRow.key_hash).where(ApiKeyRow.revoked_at.is_(None)))
-                    self._hashes = frozenset(r[0] for r in rows)
+                    rows = conn.execute(select(ApiKeyRow.key_hash, ApiKeyRow.revoked_at)).all()
+                self._hashes = frozenset(h for h, revoked in rows if revoked is None)
+                self._enforced = bool(rows)
                 self._loaded_at = time.monotonic()
-            return self._hashes
 
     def check(self, authorization: str | None) -> str | None:
         """None when the request may proceed, else why not."""
-        hashes = self._valid_hashes()
-        if not hashes:
+        self._refresh()
+        if not self._enforced:
             return None
         if not authorization:
             return "this collector requires an API key: send 'Authorization: Bearer <key>'"
         scheme, _, key = authorization.partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
             return "the Authorization header must be 'Bearer <key>'"
-        if _digest(key.strip()) not in hashes:
+        if _digest(key.strip()) not in self._hashes:
             return "the API key is not valid (unknown or revoked)"
         return None

@@ -4,7 +4,8 @@
 - input_schema_compliance: valid-name calls whose arguments pass the tool's input schema / valid-name calls
 - execution_success_rate: calls that ran successfully / calls whose outcome is known. A call that could not be
   parsed or named a tool that was not offered cannot have run: it counts as a failure.
-- valid_call_failure_rate: valid-name calls whose execution failed / valid-name calls whose outcome is known
+- valid_call_failure_rate: valid-name calls that failed to run / valid-name calls whose outcome is known (arguments
+  that could not be parsed count as a failure, as above)
 A rate with nothing to divide by is null.
 """
 
@@ -49,8 +50,8 @@ _COLUMNS = (
     _count(and_(C.name_valid.is_(True), C.schema_valid.is_(True))).label("compliant"),
     _count(_OUTCOME_KNOWN).label("outcome_known"),
     _count(C.execution_status == "success").label("succeeded"),
-    _count(and_(C.name_valid.is_(True), C.execution_status.is_not(None))).label("valid_known"),
-    _count(and_(C.name_valid.is_(True), C.execution_status == "error")).label("valid_failed"),
+    _count(and_(C.name_valid.is_(True), _OUTCOME_KNOWN)).label("valid_known"),
+    _count(and_(C.name_valid.is_(True), or_(C.execution_status == "error", _CANNOT_RUN))).label("valid_failed"),
 )
 
 

@@ -1,0 +1,204 @@
+"""What the collector does with bad, repeated and unauthorised input: clear 4xx answers, nothing stored from a
+refused request, spans stored once however often they are sent."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from sqlalchemy import text
+
+from support import chat_attributes, export_request, make_span
+from tracemill.store.engine import make_engine
+
+PROTOBUF = {"Content-Type": "application/x-protobuf"}
+JSON = {"Content-Type": "application/json"}
+TRACE = "5b8efff798038103d269b633813fc60c"
+
+
+def counts(db_url: str) -> tuple[int, int]:
+    engine = make_engine(db_url)
+    with engine.connect() as conn:
+        spans = conn.execute(text("select count(*) from spans")).scalar_one()
+        calls = conn.execute(text("select count(*) from tool_calls")).scalar_one()
+    engine.dispose()
+    return spans, calls
+
+
+def json_span(trace_id: str = TRACE, span_id: str = "eee19b7ec3c1b174", **extra: object) -> dict:
+    return {"traceId": trace_id, "spanId": span_id, "name": "chat", "kind": 3,
+            "startTimeUnixNano": "1700000000000000000", "endTimeUnixNano": "1700000000100000000",
+            "attributes": [{"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}}], **extra}
+
+
+def json_request(*spans: dict) -> bytes:
+    return json.dumps({"resourceSpans": [{"resource": {"attributes": []},
+                                          "scopeSpans": [{"scope": {"name": "t"}, "spans": list(spans)}]}]}).encode()
+
+
+@pytest.fixture(scope="module")
+def collector(tmp_path_factory):  # type: ignore[no-untyped-def]
+    from support import CollectorProcess
+
+    workdir = tmp_path_factory.mktemp("collector")
+    db_url = f"sqlite:///{workdir / 'input.db'}"
+    process = CollectorProcess(db_url, workdir, {"TRACEMILL_MAX_BODY_BYTES": "200000",
+                                                 "TRACEMILL_MAX_ATTRIBUTE_BYTES": "1000"}).start()
+    yield process
+    process.stop()
+
+
+def refused(collector, body: bytes, headers: dict[str, str], status: int) -> str:  # type: ignore[no-untyped-def]
+    before = counts(collector.db_url)
+    response = httpx.post(f"{collector.url}/v1/traces", content=body, headers=headers)
+    assert response.status_code == status, response.text
+    assert counts(collector.db_url) == before, "a refused request stored something"
+    if headers.get("Content-Type") == "application/x-protobuf":
+        from google.rpc.status_pb2 import Status
+
+        return Status.FromString(response.content).message
+    return response.json()["message"]
+
+
+def test_garbage_protobuf_is_refused(collector) -> None:  # type: ignore[no-untyped-def]
+    message = refused(collector, b"\xff\xfe not a protobuf \x00\x01", PROTOBUF, 400)
+    assert "protobuf ExportTraceServiceRequest" in message
+
+
+def test_garbage_json_is_refused(collector) -> None:  # type: ignore[no-untyped-def]
+    assert "not valid JSON" in refused(collector, b'{"resourceSpans": [', JSON, 400)
+
+
+def test_unsupported_content_type(collector) -> None:  # type: ignore[no-untyped-def]
+    message = refused(collector, b"hello", {"Content-Type": "text/plain"}, 415)
+    assert "'text/plain'" in message and "application/x-protobuf" in message
+
+
+def test_bad_ids_refuse_the_whole_request(collector) -> None:  # type: ignore[no-untyped-def]
+    good = make_span(TRACE, "00f067aa0ba902b7", "chat", chat_attributes([{"id": "a", "name": "get_weather",
+                                                                          "arguments": {"city": "Rome"}}]))
+    bad = make_span(TRACE, "00f067aa0ba902b8", "chat", {})
+    bad.trace_id = b"\x01\x02\x03"
+    message = refused(collector, export_request([good, bad]), PROTOBUF, 400)
+    assert message == "resourceSpans[0].scopeSpans[0].spans[1].traceId: must be 16 bytes, got 3"
+
+    message = refused(collector, json_request(json_span(), json_span(span_id="not-hex-at-all!")), JSON, 400)
+    assert message.startswith("resourceSpans[0].scopeSpans[0].spans[1].spanId: expected 16 hex digits")
+
+
+@pytest.mark.parametrize("value, expected", [
+    ({"intValue": "twelve"}, "expected an integer"),
+    ("plain string", "expected an AnyValue object"),
+    ({"stringValue": 12}, "expected a string"),
+    ({"boolValue": "yes"}, "expected a boolean"),
+    ({"arrayValue": {"values": "x"}}, "expected a list"),
+])
+def test_wrong_attribute_types(collector, value: object, expected: str) -> None:  # type: ignore[no-untyped-def]
+    span = json_span(attributes=[{"key": "gen_ai.usage.input_tokens", "value": value}])
+    message = refused(collector, json_request(span), JSON, 400)
+    assert "spans[0].attributes['gen_ai.usage.input_tokens']" in message and expected in message
+
+
+def test_absurdly_large_attribute(collector) -> None:  # type: ignore[no-untyped-def]
+    span = make_span(TRACE, "00f067aa0ba90299", "chat", {"gen_ai.output.messages": "x" * 5000})
+    message = refused(collector, export_request([span]), PROTOBUF, 400)
+    assert "['gen_ai.output.messages']" in message and "over the limit of 1000" in message
+
+
+def test_body_over_the_limit(collector) -> None:  # type: ignore[no-untyped-def]
+    spans = [make_span(TRACE, f"{i:016x}", "s", {"k": "v" * 900}) for i in range(1, 400)]
+    assert "over the limit of 200000" in refused(collector, export_request(spans), PROTOBUF, 413)
+
+
+def test_gzip_bomb_and_broken_gzip(collector) -> None:  # type: ignore[no-untyped-def]
+    bomb = gzip.compress(b"\x00" * 5_000_000)
+    assert len(bomb) < 200000
+    assert "decompressed body" in refused(collector, bomb, {**PROTOBUF, "Content-Encoding": "gzip"}, 413)
+    assert "not valid gzip" in refused(collector, b"\x1f\x8b garbage", {**PROTOBUF, "Content-Encoding": "gzip"}, 400)
+
+
+def test_gzip_body_is_accepted(collector) -> None:  # type: ignore[no-untyped-def]
+    span = make_span("aa" * 16, "00f067aa0ba90300", "chat", {"gen_ai.operation.name": "chat"})
+    response = httpx.post(f"{collector.url}/v1/traces", content=gzip.compress(export_request([span])),
+                          headers={**PROTOBUF, "Content-Encoding": "gzip"})
+    assert response.status_code == 200
+    assert not ExportTraceServiceResponse.FromString(response.content).HasField("partial_success")
+
+
+def test_invalid_spans_are_a_partial_success(collector) -> None:  # type: ignore[no-untyped-def]
+    before_spans, _ = counts(collector.db_url)
+    zero = json_span(trace_id="0" * 32, span_id="1111111111111111")
+    backwards = json_span(span_id="2222222222222222", startTimeUnixNano="1700000000200000000")
+    good = json_span(span_id="3333333333333333")
+    response = httpx.post(f"{collector.url}/v1/traces", content=json_request(zero, backwards, good), headers=JSON)
+    assert response.status_code == 200
+    partial = response.json()["partialSuccess"]
+    assert partial["rejectedSpans"] == "2"
+    assert "spans[0]: trace id and span id must not be all zeros" in partial["errorMessage"]
+    assert "spans[1]: ends" in partial["errorMessage"]
+    assert counts(collector.db_url)[0] == before_spans + 1
+
+    pb_zero = make_span("0" * 32, "00f067aa0ba90301", "chat", {})
+    response = httpx.post(f"{collector.url}/v1/traces", content=export_request([pb_zero]), headers=PROTOBUF)
+    assert ExportTraceServiceResponse.FromString(response.content).partial_success.rejected_spans == 1
+
+
+def test_resent_spans_are_stored_once(collector) -> None:  # type: ignore[no-untyped-def]
+    before = counts(collector.db_url)
+    calls = [{"id": "r1", "name": "get_weather", "arguments": {"city": "Lima"}},
+             {"id": "r2", "name": "get_weather", "arguments": "{'city': 'Lima'}"}]
+    body = export_request([make_span("bb" * 16, "00f067aa0ba90400", "chat", chat_attributes(calls)),
+                           make_span("bb" * 16, "00f067aa0ba90401", "execute_tool get_weather",
+                                     {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.call.id": "r1",
+                                      "gen_ai.tool.name": "get_weather"})])
+    for _ in range(3):
+        assert httpx.post(f"{collector.url}/v1/traces", content=body, headers=PROTOBUF).status_code == 200
+    assert counts(collector.db_url) == (before[0] + 2, before[1] + 2)
+
+
+def tracemill(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tracemill.cli", *args], capture_output=True, text=True, check=True)
+
+
+def test_api_keys(tmp_path, start_collector) -> None:  # type: ignore[no-untyped-def]
+    db_url = f"sqlite:///{tmp_path / 'keys.db'}"
+    collector = start_collector(db_url)
+    span = make_span("cc" * 16, "00f067aa0ba90500", "chat", {"gen_ai.operation.name": "chat"})
+    url, body = f"{collector.url}/v1/traces", export_request([span])
+    assert httpx.post(url, content=body, headers=PROTOBUF).status_code == 200  # no keys yet: open
+
+    key = tracemill("keys", "create", "--name", "agent-fleet", "--db", db_url).stdout.strip()
+    assert key.startswith("tm_")
+    assert key not in (tmp_path / "keys.db").read_bytes().decode("latin-1"), "the key itself must not be stored"
+    deadline = time.monotonic() + 10
+    while httpx.post(url, content=body, headers=PROTOBUF).status_code != 401:  # keys are re-read every 2 s
+        assert time.monotonic() < deadline, "a new key was not enforced"
+        time.sleep(0.2)
+
+    body = export_request([make_span("cd" * 16, "00f067aa0ba90501", "chat", {})])
+
+    def post(headers: dict[str, str]) -> httpx.Response:
+        return httpx.post(url, content=body, headers={**PROTOBUF, **headers})
+
+    from google.rpc.status_pb2 import Status
+
+    response = post({})
+    assert response.status_code == 401 and "requires an API key" in Status.FromString(response.content).message
+    assert post({"Authorization": "Bearer tm_wrong"}).status_code == 401
+    assert post({"Authorization": key}).status_code == 401
+    assert counts(db_url)[0] == 1, "a refused request stored spans"
+    assert post({"Authorization": f"Bearer {key}"}).status_code == 200
+    assert counts(db_url)[0] == 2
+
+    key_id = tracemill("keys", "list", "--db", db_url).stdout.split("\t")[0]
+    tracemill("keys", "revoke", key_id, "--db", db_url)
+    deadline = time.monotonic() + 10
+    while post({"Authorization": f"Bearer {key}"}).status_code != 401:
+        assert time.monotonic() < deadline, "a revoked key still works"
+        time.sleep(0.2)

@@ -1,0 +1,133 @@
+"""What the tests share: a real collector process, and OTLP requests built the way exporters build them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+WEATHER_TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather for a city.",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string"}, "units": {"type": "string", "enum": ["metric", "imperial"]}},
+            "required": ["city"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "get_forecast", "description": "Forecast for the next days.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                       "required": ["city", "days"]}}},
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class CollectorProcess:
+    """`tracemill collector` run as its own process, as a user runs it."""
+
+    def __init__(self, db_url: str, workdir: Path, env: Mapping[str, str] | None = None) -> None:
+        self.db_url = db_url
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = workdir / f"collector-{self.port}.log"
+        self._env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self._workdir = workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 30.0) -> CollectorProcess:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tracemill.cli", "collector", "--port", str(self.port), "--db", self.db_url,
+                 "--log-level", "warning"],
+                cwd=self._workdir, env=self._env, stdout=log, stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"collector exited with {self.proc.returncode}:\n{self.log.read_text()}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                time.sleep(0.1)
+        raise RuntimeError(f"collector did not answer within {timeout}s:\n{self.log.read_text()}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+
+def any_value(value: Any) -> AnyValue:
+    if isinstance(value, bool):
+        return AnyValue(bool_value=value)
+    if isinstance(value, int):
+        return AnyValue(int_value=value)
+    if isinstance(value, float):
+        return AnyValue(double_value=value)
+    if isinstance(value, (list, tuple)):
+        out = AnyValue()
+        out.array_value.values.extend(any_value(v) for v in value)
+        return out
+    return AnyValue(string_value=str(value))
+
+
+def attributes(attrs: Mapping[str, Any]) -> list[KeyValue]:
+    return [KeyValue(key=k, value=any_value(v)) for k, v in attrs.items()]
+
+
+def make_span(trace_id: str, span_id: str, name: str, attrs: Mapping[str, Any], parent: str | None = None,
+              start_ns: int = 1_700_000_000_000_000_000, status_code: int = 0) -> Span:
+    span = Span(trace_id=bytes.fromhex(trace_id), span_id=bytes.fromhex(span_id), name=name,
+                start_time_unix_nano=start_ns, end_time_unix_nano=start_ns + 1_000_000)
+    if parent:
+        span.parent_span_id = bytes.fromhex(parent)
+    span.attributes.extend(attributes(attrs))
+    span.status.code = status_code
+    return span
+
+
+def export_request(spans: list[Span], resource: Mapping[str, Any] | None = None) -> bytes:
+    request = ExportTraceServiceRequest()
+    rs = request.resource_spans.add()
+    rs.resource.attributes.extend(attributes(resource or {"service.name": "test-agent"}))
+    ss = rs.scope_spans.add()
+    ss.scope.name = "tests"
+    ss.spans.extend(spans)
+    return request.SerializeToString()
+
+
+def chat_attributes(calls: list[dict[str, Any]], tools: list[dict[str, Any]] = WEATHER_TOOLS,
+                    model: str = "llama3.1-8b") -> dict[str, Any]:
+    """A GenAI chat span's attributes: the tools offered and the tool calls in the model's answer."""
+    parts = [{"type": "tool_call", **c} for c in calls]
+    return {
+        "gen_ai.operation.name": "chat", "gen_ai.request.model": model,
+        "gen_ai.tool.definitions": json.dumps(tools),
+        "gen_ai.input.messages": json.dumps([{"role": "user", "parts": [{"type": "text", "content": "Weather?"}]}]),
+        "gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": parts}]),
+    }
