@@ -14,10 +14,12 @@ valid native call.
 
 `Corrupted.faults` lists the faults actually applied, in `KINDS` order; a kind that does not apply to the call (e.g.
 `enum_case` on a tool without enums, `missing_required` on one without required parameters) is skipped and not
-listed. `Fault.recoverable` says whether the intended call can still be read from the output: a near-miss name is
-recoverable when no other offered tool (parameter) shares its folded form (`repair.name_key`, or its base name for
-server prefixes); an unknown extra parameter when the schema forbids unknown parameters (otherwise the call is valid
-as sent); `missing_required` and `truncated` (cut mid-value) never are.
+listed. `Fault.recoverable` says whether the intended call can still be read from the output: a near-miss tool name
+is recoverable when no other offered tool shares its folded form (`repair.name_key`, or its base name for server
+prefixes); a near-miss parameter name likewise among the parameters, and only when the call is invalid without it
+(the schema forbids unknown parameters or the parameter is required; otherwise the call is valid as sent); an unknown
+extra parameter when the schema forbids unknown parameters; `missing_required` and `truncated` (cut mid-value) never
+are.
 
 Everything is deterministic for a given `random.Random` state; nothing here reads the clock or global randomness.
 """
@@ -222,7 +224,10 @@ def _content_fault(kind: str, name: str, args: dict[str, Any], tool: Tool, tools
             return None
         variant = rng.choice(variants)
         renamed = {variant if k == param else k: v for k, v in args.items()}
-        return name, renamed, Fault(kind, _unique_key(variant, param, list(props)), f"{param} -> {variant}")
+        required = _schema(tool).get("required")
+        noticed = _schema(tool).get("additionalProperties") is False or isinstance(required, list) and param in required
+        recoverable = noticed and _unique_key(variant, param, list(props))
+        return name, renamed, Fault(kind, recoverable, f"{param} -> {variant}")
     if kind == "enum_case":
         options = [p for p, v in args.items() if isinstance(v, str) and isinstance(props.get(p), Mapping)
                    and isinstance(props[p].get("enum"), list) and v in props[p]["enum"]]
@@ -386,6 +391,8 @@ def corrupt_calls(calls: Sequence[ToolCall], tools: Sequence[Tool], kinds: Seque
     if "concatenated" in applied and len(work) == 1:
         work = [work[0], _Call(work[0].name, dict(work[0].args), work[0].tool)]
     native = not (applied & TEXT_KINDS)
+    if native and work and not work[-1].args:
+        applied.discard("missing_brace")  # "{" alone would read as cut short, not as a missing brace
 
     def render() -> str:
         parts = [_render_one(c, applied, native, i == len(work) - 1, rng) for i, c in enumerate(work)]

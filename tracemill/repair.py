@@ -79,6 +79,7 @@ class StepKind(str, enum.Enum):
     ENUM_CASE = "enum_case"
     DROP_UNKNOWN = "drop_unknown"
     DEFAULT = "default"
+    MODEL = "model"                    # a model reviser rewrote the call
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +144,10 @@ class _Raw:
     arguments: Any
 
 
+_SPECIAL = re.compile(r"[\\\"'{}\[\]():,]")
+_PAIRS = {"{": "}", "[": "]", "(": ")"}
+
+
 def _scan(text: str, start: int) -> tuple[int, str, str]:
     """From an opening bracket at `start`: (end, state, closers). state: "closed" (balanced, ends at `end`),
     "open" (text ran out after a complete value; `closers` closes it) or "cut" (text ran out mid-value)."""
@@ -150,22 +155,23 @@ def _scan(text: str, start: int) -> tuple[int, str, str]:
     object_key: list[bool] = []
     quote = ""
     string_is_key = last_string_key = False
-    i, n = start, len(text)
-    pairs = {"{": "}", "[": "]", "(": ")"}
-    while i < n:
+    skip_to = start
+    for match in _SPECIAL.finditer(text, start):
+        i = match.start()
+        if i < skip_to:
+            continue
         ch = text[i]
         if quote:
             if ch == "\\":
-                i += 2
-                continue
-            if ch == quote:
+                skip_to = i + 2
+            elif ch == quote:
                 quote = ""
                 last_string_key = string_is_key
         elif ch in "\"'":
             quote = ch
             string_is_key = bool(stack) and stack[-1] == "}" and object_key[-1]
-        elif ch in pairs:
-            stack.append(pairs[ch])
+        elif ch in _PAIRS:
+            stack.append(_PAIRS[ch])
             object_key.append(ch == "{")
         elif ch in "}])":
             if not stack or stack[-1] != ch:
@@ -178,7 +184,7 @@ def _scan(text: str, start: int) -> tuple[int, str, str]:
             object_key[-1] = False
         elif ch == "," and stack and stack[-1] == "}":
             object_key[-1] = True
-        i += 1
+    n = len(text)
     tail = text[start:].rstrip()
     if quote or not tail:
         return n, "cut", ""
@@ -658,7 +664,7 @@ def _arguments(value: Any, i: int, steps: list[Step]) -> dict[str, Any] | None:
         if value is None:
             return {}
         if isinstance(value, dict):
-            return copy.deepcopy(value)
+            return value
         if not isinstance(value, str):
             return None
         if not value.strip():
@@ -675,7 +681,9 @@ def _arguments(value: Any, i: int, steps: list[Step]) -> dict[str, Any] | None:
     return None
 
 
-def _fix_call(raw: _Raw, i: int, index: Mapping[str, Tool], steps: list[Step]) -> tuple[ToolCall | None, Verdict]:
+def _fix_call(raw: _Raw, i: int, index: Mapping[str, Tool], steps: list[Step],
+              known: Verdict | None = None) -> tuple[ToolCall | None, Verdict]:
+    """Make one call valid where the output holds the answer. `known`: the verdict of the call as read, if any."""
     where = pointer(i)
     try:
         arguments = _arguments(raw.arguments, i, steps)
@@ -690,7 +698,7 @@ def _fix_call(raw: _Raw, i: int, index: Mapping[str, Tool], steps: list[Step]) -
             steps.append(Step(StepKind.TOOL_NAME, match[1], i, "/name", name, match[0]))
             name = match[0]
     call = ToolCall(name, arguments)
-    verdict = verify(call, index)
+    verdict = known if known is not None and name == raw.name else verify(call, index)
     for _ in range(_MAX_ROUNDS):
         if verdict.ok or verdict.stage is not Stage.SCHEMA:
             break
@@ -710,19 +718,18 @@ def _failure(kind: str, where: str, message: str) -> Verdict:
 
 
 def _read_any(raw: Any, steps: list[Step], index: Mapping[str, Tool]) -> _Reading:
-    if isinstance(raw, ToolCall):
-        return _Reading([_Raw(raw.name, raw.arguments)], [])
     if isinstance(raw, bytes):
         raw = raw.decode("utf-8", errors="replace")
-    if isinstance(raw, str):
-        try:
-            value = json.loads(raw)
-        except (ValueError, RecursionError):
-            return _read_text(raw, steps, index)
-        calls = _unwrap(value, steps)
-        return _Reading(calls, []) if calls is not None else _read_text(raw, steps, index)
-    calls = _unwrap(raw, steps)
-    return _Reading(calls or [], [])
+    if not isinstance(raw, str):
+        raw = copy.deepcopy(raw)
+        calls = [_Raw(raw.name, raw.arguments)] if isinstance(raw, ToolCall) else _unwrap(raw, steps)
+        return _Reading(calls or [], [])
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        return _read_text(raw, steps, index)
+    calls = _unwrap(value, steps)
+    return _Reading(calls, []) if calls is not None else _read_text(raw, steps, index)
 
 
 def revise(raw: str | bytes | Mapping[str, Any] | Sequence[Any] | ToolCall, tools: Sequence[Any] | Mapping[str, Tool],
@@ -730,12 +737,20 @@ def revise(raw: str | bytes | Mapping[str, Any] | Sequence[Any] | ToolCall, tool
     """Recover and fix the tool calls in `raw` (see the module docstring). `tools`: the tools the model was offered, in
     any accepted shape, or a ready `tool_index`."""
     index = tools if isinstance(tools, Mapping) else tool_index(tools)
-    if not isinstance(raw, (list, tuple)):
-        first = verify(raw, index)
-        if first.ok and first.call is not None:
-            return Revision((first.call,), True, False, (), (first,))
     steps: list[Step] = []
-    reading = _read_any(raw, steps, index)
+    known: Verdict | None = None
+    if isinstance(raw, (list, tuple)):
+        reading = _read_any(raw, steps, index)
+    else:
+        known = verify(raw, index)
+        if known.ok and known.call is not None:
+            return Revision((known.call,), True, False, (), (known,))
+        if known.call is not None:
+            arguments = known.call.arguments if isinstance(raw, (str, bytes)) else copy.deepcopy(known.call.arguments)
+            reading = _Reading([_Raw(known.call.name, arguments)], [])
+        else:
+            known = None
+            reading = _read_any(raw, steps, index)
     calls: list[ToolCall] = []
     verdicts: list[Verdict] = []
     problems: list[Verdict] = []
@@ -743,7 +758,7 @@ def revise(raw: str | bytes | Mapping[str, Any] | Sequence[Any] | ToolCall, tool
         if not isinstance(found.name, str) or not found.name:
             problems.append(_failure("missing_name", pointer(i, "name"), "the call has no tool name string"))
             continue
-        call, verdict = _fix_call(found, i, index, steps)
+        call, verdict = _fix_call(found, i, index, steps, known)
         if call is None:
             problems.append(verdict)
         else:
