@@ -28,10 +28,33 @@ class LazyGroup(click.Group):
         module, attr, _ = COMMANDS[cmd_name]
         return getattr(importlib.import_module(module), attr)
 
+    def invoke(self, ctx: click.Context):  # type: ignore[no-untyped-def]
+        try:
+            return super().invoke(ctx)
+        except click.ClickException:
+            raise
+        except Exception as exc:
+            message = _user_error(exc)
+            if message is None:
+                raise
+            raise click.ClickException(message) from exc
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
+
+
+def _user_error(exc: Exception) -> str | None:
+    """A one-line message for the errors a user causes (a bad URL, a database that is not there), else None."""
+    from tracemill.store.engine import StoreURLError
+
+    if isinstance(exc, StoreURLError):
+        return str(exc)
+    if type(exc).__module__.startswith("sqlalchemy") and type(exc).__name__ == "OperationalError":
+        detail = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+        return f"cannot use the database: {detail}"
+    return None
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

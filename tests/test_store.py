@@ -1,0 +1,56 @@
+"""The store's schema comes from the migrations alone, the same on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect, text
+
+from tracemill.store.engine import make_engine
+from tracemill.store.migrate import current_revision, head_revision, upgrade
+from tracemill.store.tables import Base
+
+
+def tracemill(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tracemill.cli", *args], capture_output=True, text=True)
+
+
+def test_db_upgrade_builds_the_tables_the_code_expects(db_url: str) -> None:
+    result = tracemill("db", "upgrade", "--db", db_url)
+    assert result.returncode == 0, result.stderr
+    assert f"at revision {head_revision()}" in result.stdout
+    engine = make_engine(db_url)
+    assert current_revision(engine) == head_revision()
+    assert {"spans", "toolsets", "tool_calls", "tool_executions", "api_keys"} <= set(inspect(engine).get_table_names())
+    with engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata) == []
+    upgrade(engine)  # a second upgrade is a no-op
+    assert current_revision(engine) == head_revision()
+    engine.dispose()
+
+
+def test_sqlite_store_uses_wal(sqlite_url: str) -> None:
+    engine = make_engine(sqlite_url)
+    upgrade(engine)
+    with engine.connect() as conn:
+        assert conn.execute(text("PRAGMA journal_mode")).scalar_one() == "wal"
+    engine.dispose()
+
+
+def test_collector_refuses_an_unmigrated_postgres_store(postgres_url: str) -> None:
+    result = tracemill("collector", "--db", postgres_url, "--port", "1")
+    assert result.returncode != 0
+    assert "run `tracemill db upgrade --db URL` first" in result.stderr
+
+
+def test_stats_on_a_missing_store_says_so(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    result = tracemill("stats", "--db", f"sqlite:///{tmp_path / 'nothing.db'}", "--json")
+    assert result.returncode != 0 and "no Tracemill store" in result.stderr
+
+
+def test_bad_database_url_is_named() -> None:
+    result = tracemill("stats", "--db", "not a url")
+    assert result.returncode != 0 and "'not a url' is not a valid SQLAlchemy URL" in result.stderr
