@@ -428,7 +428,7 @@ def rules_reviser(raw: str, index: Mapping[str, Tool], context: Sequence[Any] | 
 
 def nearest_tools(names: Iterable[str], index: Mapping[str, Tool], k: int = 3) -> list[Tool]:
     """The tools named, or closest to the names, `k` per name: what a model reviser's prompt needs."""
-    keys = {name_key(t): t for t in index}
+    keys = {name_key(name): tool for name, tool in index.items()}
     chosen: dict[str, Tool] = {}
     for name in names:
         for key in difflib.get_close_matches(name_key(name), list(keys), n=k, cutoff=0.0):

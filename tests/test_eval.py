@@ -1,0 +1,164 @@
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from click.testing import CliRunner
+
+from tracemill.cli import main
+from tracemill.evaluation import ast_match, load_bfcl
+from tracemill.tools import load_mcp_bench
+from tracemill.verify import ToolCall
+
+QUALITY = ("json_valid", "valid_tool_name_rate", "input_schema_compliance", "ok_rate", "reference_match", "recovered")
+
+
+def _eval(*args):
+    result = CliRunner().invoke(main, ["eval", *args], catch_exceptions=False)
+    return result
+
+
+def _report(*args):
+    result = _eval(*args, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    return report, {m["reviser"]: m for m in report["revisers"]}
+
+
+@pytest.fixture(scope="module")
+def bfcl():
+    return _report("--cases", "bfcl")
+
+
+def test_rules_recover_bfcl_and_beat_json_repair(bfcl):
+    report, by = bfcl
+    assert report["cases"] > 1000 and report["broken_cases"] > 300
+    rules, repair, none = by["rules"], by["json-repair"], by["none"]
+    assert rules["recoverable_cases"] > 300
+    assert rules["recovered"] >= 0.95
+    assert rules["valid_changed"] == 0 and rules["valid_inputs"] > 500
+    for metric in QUALITY:
+        assert rules[metric] > repair[metric], metric
+    assert repair["json_valid"] > none["json_valid"]
+    assert rules["wrong_ok"] <= repair["wrong_ok"]
+    assert rules["median_us"] < 1000
+
+
+def test_do_no_harm_changes_nothing():
+    _, by = _report("--cases", "do-no-harm", "--reviser", "rules")
+    rules = by["rules"]
+    assert rules["valid_inputs"] == rules["cases"] > 500
+    assert rules["valid_changed"] == 0 and rules["ok_rate"] == 1 and rules["reference_match"] == 1
+
+
+def test_mcp_bench_suite_side_by_side_table():
+    result = _eval("--cases", "mcp-bench", "--reviser", "none,rules", "--limit", "150")
+    assert result.exit_code == 0
+    assert "mcp-bench: 150 cases" in result.output
+    assert "input schema compliance" in result.output and "rules" in result.output and "none" in result.output
+
+
+def test_own_case_file_with_out_dir_round_trips(tmp_path):
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city"]}}}]
+    cases = [
+        {"tools": tools, "raw": 'Sure!\n```json\n{"name": "get_weather", "arguments": {"city": "Paris", "days": "3"}}\n```',
+         "reference": [{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}], "context": None},
+        {"tools": tools, "raw": '{"name": "get_weather", "arguments": {"city": "Oslo"}}', "reference": None,
+         "context": [{"role": "user", "content": "Weather in Oslo?"}]},
+    ]
+    path = tmp_path / "cases.jsonl"
+    path.write_text("".join(json.dumps(c) + "\n" for c in cases))
+    out = tmp_path / "out"
+    report, by = _report("--cases", str(path), "--out", str(out))
+    assert by["rules"]["reference_match"] == 1 and by["none"]["reference_match"] == 0
+    assert by["rules"]["valid_inputs"] == 1 and by["rules"]["valid_changed"] == 0
+    assert {p.name for p in out.iterdir()} == {"report.json", "table.md", "cases.jsonl", "results.jsonl"}
+    assert "| reference match (BFCL AST) | 0.0% | 0.0% | 100.0% |" in (out / "table.md").read_text()
+    again, _ = _report("--cases", str(out / "cases.jsonl"))
+    untimed = [[{k: v for k, v in m.items() if not k.endswith("_us")} for m in r["revisers"]] for r in (again, report)]
+    assert untimed[0] == untimed[1]
+    results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    fixed = next(r for r in results if r["reviser"] == "rules" and r["match"])
+    assert fixed["steps"] == ["extract", "coerce"]
+
+
+def test_bad_case_file_names_the_line_and_field(tmp_path):
+    path = tmp_path / "cases.jsonl"
+    path.write_text(json.dumps({"tools": [], "raw": "{}"}) + "\n" + json.dumps({"tools": [], "raw": 3}) + "\n")
+    result = _eval("--cases", str(path))
+    assert result.exit_code != 0
+    assert f"{path}:2" in result.output and "'raw'" in result.output
+
+
+def test_model_reviser_says_what_it_needs():
+    result = _eval("--cases", "do-no-harm", "--reviser", "model:/tmp/nothing")
+    assert result.exit_code != 0 and "train" in result.output
+
+
+def test_bfcl_ast_agreement_uses_bfcl_normalisation():
+    case = next(c for c in load_bfcl(["simple_python"]) if c.id == "simple_python_0")
+    answers = list(case.answers)  # base 10, height 5, unit "units" or left out
+    ok = [ToolCall("calculate_triangle_area", {"base": 10, "height": 5}),
+          ToolCall("calculate_triangle_area", {"base": 10, "height": 5, "unit": "Units"})]
+    wrong = [ToolCall("calculate_triangle_area", {"base": 10}),
+             ToolCall("calculate_triangle_area", {"base": 10, "height": 5, "color": "red"}),
+             ToolCall("calculate_triangle_area", {"base": 10.0, "height": 5}),
+             ToolCall("calculate_triangle_area", {"base": 11, "height": 5})]
+    assert all(ast_match([c], answers, case.tools) for c in ok)
+    assert not any(ast_match([c], answers, case.tools) for c in wrong)
+    parallel = next(c for c in load_bfcl(["parallel"]) if c.id == "parallel_0")
+    calls = parallel.reference()
+    assert ast_match(calls[::-1], list(parallel.answers), parallel.tools)
+    assert not ast_match(calls[:1], list(parallel.answers), parallel.tools)
+
+
+class _FixedCompletion(BaseHTTPRequestHandler):
+    requests: list = []
+    content = ""
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).requests.append((self.path, body))
+        reply = json.dumps({"id": "x", "object": "chat.completion", "model": body["model"], "choices": [
+            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": self.content}}]})
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply.encode())
+
+    def log_message(self, *args):
+        pass
+
+
+def test_endpoint_reviser_against_a_real_openai_compatible_server(tmp_path):
+    tools = [t.to_mcp() for ts in load_mcp_bench().values() for t in ts]
+    _FixedCompletion.content = ('Here you go: {"name": "Weather Data:get_weather_forecast_tool", '
+                                '"arguments": {"city": "Paris", "days": 2}}')
+    _FixedCompletion.requests = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FixedCompletion)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        case = {"tools": tools, "raw": '{"name": "get_weather_forecast_tool", "arguments": {"days": 2}}',
+                "context": [{"role": "user", "content": "Forecast for Paris, 2 days"}],
+                "reference": [{"name": "Weather Data:get_weather_forecast_tool",
+                               "arguments": {"city": "Paris", "days": 2}}]}
+        valid = dict(case, raw=json.dumps(case["reference"][0]))
+        path = tmp_path / "cases.jsonl"
+        path.write_text(json.dumps(case) + "\n" + json.dumps(valid) + "\n")
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        _, by = _report("--cases", str(path), "--reviser", "rules", "--reviser", f"endpoint:{url}")
+    finally:
+        server.shutdown()
+    assert by["rules"]["ok_rate"] == 0.5  # the city is not in the output: rules do not invent it
+    assert by[f"endpoint:{url}"]["ok_rate"] == 1 and by[f"endpoint:{url}"]["reference_match"] == 1
+    assert by[f"endpoint:{url}"]["valid_changed"] == 0
+    assert len(_FixedCompletion.requests) == 1  # the valid call never reached the model
+    path_, body = _FixedCompletion.requests[0]
+    assert path_ == "/v1/chat/completions"
+    prompt = json.loads(body["messages"][1]["content"])
+    offered = [t["name"] for t in prompt["tools"]]
+    assert "Weather Data:get_weather_forecast_tool" in offered and len(offered) <= 4 < len(tools)
+    assert prompt["context"] == case["context"]
