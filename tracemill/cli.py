@@ -11,6 +11,7 @@ import click
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "collector": ("tracemill.collector.cli", "collector", "Run the OTLP/HTTP collector."),
     "db": ("tracemill.store.cli", "db", "Manage the store's schema."),
+    "demo": ("tracemill.demo", "demo", "Run the loop so far on SQLite and the CPU."),
     "eval": ("tracemill.evaluation", "eval_command", "Measure tool-call revisers on BFCL, MCP-Bench or your cases."),
     "keys": ("tracemill.collector.cli", "keys", "Manage collector API keys."),
     "simulate": ("tracemill.simulate.cli", "simulate", "Send a realistic agent workload to a collector."),

@@ -104,8 +104,10 @@ def stats(db_url: str | None, by: str | None, as_json: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("group", "calls", "valid tool name", "schema compliance", "execution success",
-                  "valid-call failure", title="Tool calls (MCP-Bench rule-based metrics)")
+    table = Table(title="Tool calls (MCP-Bench rule-based metrics)")
+    table.add_column("group", no_wrap=True)
+    for heading in ("calls", "valid tool name", "schema compliance", "execution success", "valid-call failure"):
+        table.add_column(heading, justify="right")
     rows = [("all", overall)] + ([] if not by else [(f"{by}={k}", v) for k, v in groups.items()])
     for label, m in rows:
         table.add_row(label, str(m.total_calls), _fmt(m.valid_tool_name_rate), _fmt(m.input_schema_compliance),
