@@ -39,8 +39,7 @@ from typing import Any
 import json_repair
 
 from tracemill.tools import Tool
-from tracemill.verify import (Stage, ToolCall, Verdict, Violation, compiled_validator, parse_call, pointer,
-                              tool_index, verify)
+from tracemill.verify import Stage, ToolCall, Verdict, Violation, pointer, tool_index, verify
 
 _SEPARATORS = re.compile(r"[\s_\-.:/]+")
 
@@ -295,7 +294,9 @@ def _unwrap(obj: Any, steps: list[Step]) -> list[_Raw] | None:
         arguments: Any = {}
     else:
         arguments = obj[arg_key]
-    if (name_key_, arg_key) not in (("name", "arguments"), ("name", None)):
+    if arg_key is None:
+        steps.append(Step(StepKind.UNWRAP, "read a call that gives no arguments as one with none"))
+    elif (name_key_, arg_key) != ("name", "arguments"):
         steps.append(Step(StepKind.UNWRAP, f"read {{{name_key_!r}, {arg_key!r}}} as {{'name', 'arguments'}}"))
     return [_Raw(obj[name_key_], arguments)]
 
@@ -717,17 +718,7 @@ def _failure(kind: str, where: str, message: str) -> Verdict:
     return Verdict(ok=False, stage=Stage.PARSE, violations=(Violation(Stage.PARSE, kind, where, message),))
 
 
-def _read_any(raw: Any, steps: list[Step], index: Mapping[str, Tool]) -> _Reading:
-    if isinstance(raw, bytes):
-        raw = raw.decode("utf-8", errors="replace")
-    if not isinstance(raw, str):
-        raw = copy.deepcopy(raw)
-        calls = [_Raw(raw.name, raw.arguments)] if isinstance(raw, ToolCall) else _unwrap(raw, steps)
-        return _Reading(calls or [], [])
-    try:
-        value = json.loads(raw)
-    except (ValueError, RecursionError):
-        return _read_text(raw, steps, index)
+def _read_value(value: Any, raw: str, steps: list[Step], index: Mapping[str, Tool]) -> _Reading:
     calls = _unwrap(value, steps)
     return _Reading(calls, []) if calls is not None else _read_text(raw, steps, index)
 
@@ -738,19 +729,29 @@ def revise(raw: str | bytes | Mapping[str, Any] | Sequence[Any] | ToolCall, tool
     any accepted shape, or a ready `tool_index`."""
     index = tools if isinstance(tools, Mapping) else tool_index(tools)
     steps: list[Step] = []
-    known: Verdict | None = None
-    if isinstance(raw, (list, tuple)):
-        reading = _read_any(raw, steps, index)
+    if isinstance(raw, bytes):
+        raw = raw.decode("utf-8", errors="replace")
+    if isinstance(raw, str):
+        try:
+            value: Any = json.loads(raw)
+        except (ValueError, RecursionError):
+            return _revise(_read_text(raw, steps, index), index, steps)
+        text = raw
     else:
-        known = verify(raw, index)
-        if known.ok and known.call is not None:
-            return Revision((known.call,), True, False, (), (known,))
-        if known.call is not None:
-            arguments = known.call.arguments if isinstance(raw, (str, bytes)) else copy.deepcopy(known.call.arguments)
-            reading = _Reading([_Raw(known.call.name, arguments)], [])
-        else:
-            known = None
-            reading = _read_any(raw, steps, index)
+        value, text = copy.deepcopy(raw), ""
+    if isinstance(value, ToolCall):
+        value = value.to_dict()
+    if isinstance(value, list):
+        return _revise(_read_value(value, text, steps, index), index, steps)
+    known = verify(value, index)
+    if known.ok and known.call is not None:
+        return Revision((known.call,), True, False, (), (known,))
+    if known.call is not None:
+        return _revise(_Reading([_Raw(known.call.name, known.call.arguments)], []), index, steps, known)
+    return _revise(_read_value(value, text, steps, index), index, steps)
+
+
+def _revise(reading: _Reading, index: Mapping[str, Tool], steps: list[Step], known: Verdict | None = None) -> Revision:
     calls: list[ToolCall] = []
     verdicts: list[Verdict] = []
     problems: list[Verdict] = []
