@@ -590,6 +590,13 @@ def _path(ptr: str) -> list[str | int]:
     return parts
 
 
+def _rename(arguments: dict[str, Any], old: str, new: str) -> None:
+    """Rename a parameter in place, keeping the order the model wrote them in."""
+    items = [(new if k == old else k, v) for k, v in arguments.items()]
+    arguments.clear()
+    arguments.update(items)
+
+
 def _fix(violation: Violation, arguments: dict[str, Any], schema: Mapping[str, Any], i: int,
          steps: list[Step]) -> bool:
     """Fix one schema violation in place where the output holds the answer; whether anything changed."""
@@ -607,7 +614,7 @@ def _fix(violation: Violation, arguments: dict[str, Any], schema: Mapping[str, A
         key = name_key(leaf)
         near = [k for k in parent if k not in props and name_key(k) == key]
         if len(near) == 1:
-            parent[leaf] = parent.pop(near[0])
+            _rename(parent, near[0], leaf)
             steps.append(Step(StepKind.PARAM_NAME, "same parameter name up to case and separators", i,
                               violation.pointer, near[0], leaf))
             return True
@@ -622,7 +629,7 @@ def _fix(violation: Violation, arguments: dict[str, Any], schema: Mapping[str, A
         key = name_key(leaf)
         near = [p for p in props if p not in parent and name_key(p) == key]
         if len(near) == 1:
-            parent[near[0]] = parent.pop(leaf)
+            _rename(parent, leaf, near[0])
             steps.append(Step(StepKind.PARAM_NAME, "same parameter name up to case and separators", i,
                               violation.pointer, leaf, near[0]))
         else:
