@@ -130,6 +130,7 @@ _FENCE = re.compile(r"```[\w-]*[ \t]*\n?(.*?)(?:```|$)", re.S)
 _MISTRAL_ARGS = re.compile(r"\s*([\w.:\-]+)\s*\[ARGS\]", re.S)
 _START = re.compile(r"[{\[]|(?<![\w.])[A-Za-z_][\w.]*\(")
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+_GLUE = re.compile(r"[\s,;]+")  # what may sit between calls written one after another
 _LITERALS = {"true", "false", "null", "True", "False", "None"}
 _NAME_KEYS = ("name", "tool", "tool_name", "function", "function_name", "recipient_name")
 _ARG_KEYS = ("arguments", "parameters", "args", "input", "params", "kwargs", "tool_input")
@@ -437,8 +438,7 @@ def _read_text(raw: str, steps: list[Step], index: Mapping[str, Tool]) -> _Readi
             used.append(segment)
             if not balanced:
                 break
-    bare = re.compile(r"[\s,;]+")
-    if why or bare.sub("", raw) != bare.sub("", "".join(used)):
+    if why or _GLUE.sub("", raw) != _GLUE.sub("", "".join(used)):
         steps.insert(0, Step(StepKind.EXTRACT, why or "read the call out of the surrounding text"))
     if len(used) > 1:
         steps.append(Step(StepKind.SPLIT, f"{len(used)} calls written one after another"))
