@@ -88,6 +88,20 @@ def _gunzip(body: bytes, limit: int) -> bytes:
     return out
 
 
+def app_from_settings() -> Starlette:
+    """The app as configured by the settings (TRACEMILL_* variables): what each worker process of a multi-process
+    collector builds for itself."""
+    from tracemill.settings import get_settings
+    from tracemill.store.engine import make_engine
+
+    settings = get_settings()
+    return create_app(make_engine(settings.database_url), CollectorConfig(
+        max_body_bytes=settings.max_body_bytes, max_attribute_bytes=settings.max_attribute_bytes,
+        max_queued_spans=settings.ingest_queue_spans, max_batch_spans=settings.ingest_batch_spans,
+        retry_after_seconds=settings.retry_after_seconds,
+    ))
+
+
 def _resolve(future: asyncio.Future[BaseException | None], error: BaseException | None) -> None:
     if not future.done():  # the client may have gone away; its spans are stored all the same
         future.set_result(error)

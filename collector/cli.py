@@ -27,25 +27,28 @@ def _open_store(db_url: str | None):  # type: ignore[no-untyped-def]
 @click.option("--host", default=None, help="Interface to listen on (default 127.0.0.1).")
 @click.option("--port", type=int, default=None, help="Port (default 4318, OTLP/HTTP's).")
 @database_option
+@click.option("--workers", type=click.IntRange(1), default=1, show_default=True,
+              help="Processes serving the port; each decodes, verifies and commits on its own.")
 @click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]))
-def collector(host: str | None, port: int | None, db_url: str | None, log_level: str) -> None:
+def collector(host: str | None, port: int | None, db_url: str | None, workers: int, log_level: str) -> None:
     """Run the OTLP/HTTP collector: POST /v1/traces (protobuf or JSON, gzip), GET /healthz.
 
     Every span is committed before it is acknowledged; re-sent spans are stored once. Limits come from
     TRACEMILL_MAX_BODY_BYTES, TRACEMILL_MAX_ATTRIBUTE_BYTES, TRACEMILL_INGEST_QUEUE_SPANS."""
+    import os
+
     import uvicorn
 
-    from tracemill.collector.app import CollectorConfig, create_app
     from tracemill.settings import get_settings
 
     settings = get_settings()
-    engine = _open_store(db_url)
-    app = create_app(engine, CollectorConfig(
-        max_body_bytes=settings.max_body_bytes, max_attribute_bytes=settings.max_attribute_bytes,
-        max_queued_spans=settings.ingest_queue_spans, max_batch_spans=settings.ingest_batch_spans,
-        retry_after_seconds=settings.retry_after_seconds,
-    ))
-    uvicorn.run(app, host=host or settings.collector_host, port=port or settings.collector_port,
+    url = resolve_db(db_url)
+    _open_store(url).dispose()
+    # Worker processes build the app from the settings; the store URL reaches them the same way.
+    os.environ["TRACEMILL_DATABASE_URL"] = url
+    get_settings.cache_clear()
+    uvicorn.run("tracemill.collector.app:app_from_settings", factory=True, workers=workers,
+                host=host or settings.collector_host, port=port or settings.collector_port,
                 log_level=log_level, access_log=False, timeout_graceful_shutdown=30)
 
 

@@ -37,7 +37,7 @@ class Ingestor:
         self.engine = engine
         self.max_queued_spans = max_queued_spans
         self.max_batch_spans = max_batch_spans
-        self._writer = SpanWriter(engine.dialect.name)
+        self._writer = SpanWriter(engine.dialect)
         self._jobs: deque[_Job] = deque()
         self._queued_spans = 0
         self._cond = threading.Condition()

@@ -6,11 +6,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, select, update
+from sqlalchemy import Connection, Dialect, bindparam, select, update
 
 from tracemill.collector.domains import classify_domain
 from tracemill.collector.normalize import Extracted, ExtractedCall, ExtractedExecution, extract
 from tracemill.collector.spans import SpanRecord
+from tracemill.store.bulk import BulkInsert
 from tracemill.store.engine import insert_ignoring_duplicates
 from tracemill.store.tables import SpanRow, ToolCallRow, ToolExecutionRow, ToolsetRow, utcnow
 from tracemill.tools import Tool, toolset_hash
@@ -54,8 +55,11 @@ class _Toolset:
 class SpanWriter:
     """Writes batches of spans. Holds caches (toolsets, the tools each recent trace was offered); one per writer."""
 
-    def __init__(self, dialect: str) -> None:
-        self.dialect = dialect
+    def __init__(self, dialect: Dialect) -> None:
+        self.dialect = dialect.name
+        self._insert_spans = BulkInsert(_SPANS, dialect)
+        self._insert_calls = BulkInsert(_CALLS, dialect)
+        self._insert_executions = BulkInsert(_EXECUTIONS, dialect)
         self._toolsets: _Bounded = _Bounded(4096)
         self._new_toolsets: dict[str, _Toolset] = {}  # inserted by the open transaction; cached once it commits
         self._trace_tools: _Bounded = _Bounded(65536)
@@ -76,23 +80,29 @@ class SpanWriter:
 
         executions = {(span.trace_id, e.tool_call_id): (span, e)
                       for span, found in extracted for e in found.executions if e.tool_call_id}
+        seen: dict[tuple[str, str], str] = {}
         for span, found in extracted:
             for call in found.calls:
+                if call.tool_call_id:
+                    key = (span.trace_id, call.tool_call_id)
+                    if seen.setdefault(key, span.span_id) != span.span_id:
+                        continue
                 call_rows.append(self._call_row(conn, span, found, call, now))
             for execution in found.executions:
                 execution_rows.append(_execution_row(span, execution))
-        self._link_stored_executions(conn, call_rows, executions)
+        if seen:
+            call_rows = _drop_stored_repeats(conn, call_rows, seen)
+        linked = self._link_executions(conn, call_rows, executions)
 
-        conn.execute(insert_ignoring_duplicates(_SPANS, self.dialect), span_rows)
-        if call_rows:
-            conn.execute(insert_ignoring_duplicates(_CALLS, self.dialect), call_rows)
-        if execution_rows:
-            conn.execute(insert_ignoring_duplicates(_EXECUTIONS, self.dialect), execution_rows)
-            links = [{"t": r["trace_id"], "c": r["tool_call_id"], "s": "success" if r["ok"] else "error",
-                      "e": r["error"], "r": r["result"], "x": r["span_id"]}
-                     for r in execution_rows if r["tool_call_id"]]
-            if links:
-                conn.execute(_LINK_EXECUTION, links)
+        self._insert_spans.execute(conn, span_rows)
+        self._insert_calls.execute(conn, call_rows)
+        # An execution whose call is not in this batch may belong to a call stored earlier.
+        links = [{"t": r["trace_id"], "c": r["tool_call_id"], "s": "success" if r["ok"] else "error",
+                  "e": r["error"], "r": r["result"], "x": r["span_id"]}
+                 for r in execution_rows if r["tool_call_id"] and (r["trace_id"], r["tool_call_id"]) not in linked]
+        self._insert_executions.execute(conn, execution_rows)
+        if links:
+            conn.execute(_LINK_EXECUTION, links)
 
     def _call_row(self, conn: Connection, span: SpanRecord, found: Extracted, call: ExtractedCall,
                   now: Any) -> dict[str, Any]:
@@ -145,31 +155,50 @@ class SpanWriter:
     def rolled_back(self) -> None:
         self._new_toolsets.clear()
 
-    def _link_stored_executions(self, conn: Connection, call_rows: list[dict[str, Any]],
-                                in_batch: dict[tuple[str, str], tuple[SpanRecord, ExtractedExecution]]) -> None:
-        """Attach to each new call its execution: from this batch, else one stored before the call arrived."""
+    def _link_executions(self, conn: Connection, call_rows: list[dict[str, Any]],
+                         in_batch: dict[tuple[str, str], tuple[SpanRecord, ExtractedExecution]]
+                         ) -> set[tuple[str, str]]:
+        """Attach to each new call its execution: from this batch, else one stored before the call arrived.
+        Returns the (trace, tool call id) keys of this batch's executions that found their call here."""
+        linked: set[tuple[str, str]] = set()
         missing: list[dict[str, Any]] = []
         for row in call_rows:
             if not row["tool_call_id"]:
                 continue
-            hit = in_batch.get((row["trace_id"], row["tool_call_id"]))
+            key = (row["trace_id"], row["tool_call_id"])
+            hit = in_batch.get(key)
             if hit is None:
                 missing.append(row)
             else:
+                linked.add(key)
                 _set_execution(row, hit[0].span_id, hit[1].ok, hit[1].error, hit[1].result)
-        if not missing:
-            return
-        wanted = {(r["trace_id"], r["tool_call_id"]) for r in missing}
-        stored = conn.execute(
-            select(_EXECUTIONS.c.trace_id, _EXECUTIONS.c.tool_call_id, _EXECUTIONS.c.span_id, _EXECUTIONS.c.ok,
-                   _EXECUTIONS.c.error, _EXECUTIONS.c.result)
-            .where(_EXECUTIONS.c.trace_id.in_({t for t, _ in wanted}))
-        ).all()
-        by_key = {(s.trace_id, s.tool_call_id): s for s in stored if (s.trace_id, s.tool_call_id) in wanted}
-        for row in missing:
-            s = by_key.get((row["trace_id"], row["tool_call_id"]))
-            if s is not None:
-                _set_execution(row, s.span_id, s.ok, s.error, s.result)
+        if missing:
+            wanted = {(r["trace_id"], r["tool_call_id"]) for r in missing}
+            stored = conn.execute(
+                select(_EXECUTIONS.c.trace_id, _EXECUTIONS.c.tool_call_id, _EXECUTIONS.c.span_id, _EXECUTIONS.c.ok,
+                       _EXECUTIONS.c.error, _EXECUTIONS.c.result)
+                .where(_EXECUTIONS.c.trace_id.in_({t for t, _ in wanted}))
+            ).all()
+            by_key = {(s.trace_id, s.tool_call_id): s for s in stored if (s.trace_id, s.tool_call_id) in wanted}
+            for row in missing:
+                s = by_key.get((row["trace_id"], row["tool_call_id"]))
+                if s is not None:
+                    _set_execution(row, s.span_id, s.ok, s.error, s.result)
+        return linked
+
+
+def _drop_stored_repeats(conn: Connection, rows: list[dict[str, Any]],
+                         first_span: dict[tuple[str, str], str]) -> list[dict[str, Any]]:
+    """Spans that enclose a model call (an agent's, a chain's) repeat its tool calls: a tool call id is stored once
+    per trace, from the first span that showed it (`first_span` for this batch; stored rows before that)."""
+    stored = conn.execute(
+        select(_CALLS.c.trace_id, _CALLS.c.tool_call_id, _CALLS.c.span_id)
+        .where(_CALLS.c.trace_id.in_({t for t, _ in first_span}), _CALLS.c.tool_call_id.is_not(None))
+    ).all()
+    owner = {(r.trace_id, r.tool_call_id): r.span_id for r in stored}
+    return [row for row in rows
+            if not row["tool_call_id"]
+            or owner.get((row["trace_id"], row["tool_call_id"]), row["span_id"]) == row["span_id"]]
 
 
 def _verdict(call: ExtractedCall, toolset: _Toolset | None) -> Verdict:
