@@ -270,8 +270,6 @@ def test_langchain_agent_with_callback_handler(start_collector, sqlite_url: str,
     _assert_langchain_rows(rows)
 
 
-@pytest.mark.xfail(strict=True, reason="the collector also reads the calls out of LangSmith's chain spans (the "
-                   "`model` node and the `LangGraph` root repeat the model's messages): each call is stored 3 times")
 def test_langchain_agent_through_langsmith_otel_export(start_collector, sqlite_url: str, tmp_path: Path) -> None:
     """A LangSmith user changes only environment variables: LangSmith's own OTel export reaches the collector."""
     collector = start_collector(sqlite_url)
