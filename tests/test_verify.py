@@ -7,6 +7,8 @@ from importlib import resources
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tracemill.tools import Tool, ToolFormatError, load_mcp_bench, normalize_tool, normalize_tools
 from tracemill.verify import Execution, Stage, ToolCall, compiled_validator, verify
@@ -171,3 +173,26 @@ def test_validators_are_compiled_once_per_distinct_schema() -> None:
         verify(call, TOOLS)
     after = _compile.cache_info()
     assert after.misses == before.misses and after.hits == before.hits + 50
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False) | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=6,
+)
+FAST_TOOLS = [t for t in TOOLS if compiled_validator(t.input_schema).fast is not None]
+
+
+def test_most_real_schemas_take_the_fast_path() -> None:
+    assert len(FAST_TOOLS) >= len(TOOLS) // 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_the_fast_path_never_accepts_what_jsonschema_refuses(data: st.DataObject) -> None:
+    tool = data.draw(st.sampled_from(FAST_TOOLS))
+    names = sorted(tool.input_schema.get("properties", {})) + ["extra"]
+    arguments = data.draw(st.dictionaries(st.sampled_from(names), json_values, max_size=len(names)))
+    compiled = compiled_validator(tool.input_schema)
+    if compiled.accepts_quickly(arguments):
+        assert list(compiled.validator.iter_errors(arguments)) == []

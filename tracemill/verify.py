@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+import fastjsonschema
 import orjson
 from jsonschema import Draft202012Validator, SchemaError
 from jsonschema.exceptions import ValidationError
@@ -175,10 +176,40 @@ _KINDS = {
 }
 
 
+# Keywords whose meaning differs between drafts, or that reach outside the schema (`$ref`), or whose checks differ
+# between libraries (`format`): a schema using any of them is always checked by jsonschema alone.
+_NOT_FOR_FAST_PATH = frozenset({
+    "$ref", "$dynamicRef", "$dynamicAnchor", "$recursiveRef", "$recursiveAnchor", "$anchor", "$id", "$defs",
+    "definitions", "prefixItems", "additionalItems", "unevaluatedProperties", "unevaluatedItems", "dependencies",
+    "dependentRequired", "dependentSchemas", "minContains", "maxContains", "format", "contentEncoding",
+    "contentMediaType", "contentSchema",
+})
+
+
+def _uses_any(schema: Any, keywords: frozenset[str]) -> bool:
+    if isinstance(schema, dict):
+        return any(k in keywords or _uses_any(v, keywords) for k, v in schema.items())
+    if isinstance(schema, list):
+        return any(_uses_any(v, keywords) for v in schema)
+    return False
+
+
 @dataclass(frozen=True, slots=True)
 class _Compiled:
     validator: Any
     warning: str | None
+    # fastjsonschema's code for the same schema, where it means the same: when it accepts the arguments, so does
+    # jsonschema, twenty times slower. Any refusal is explained by jsonschema.
+    fast: Any = None
+
+    def accepts_quickly(self, arguments: dict[str, Any]) -> bool:
+        if self.fast is None:
+            return False
+        try:
+            self.fast(arguments)
+        except Exception:
+            return False
+        return True
 
 
 @lru_cache(maxsize=8192)
@@ -189,7 +220,13 @@ def _compile(schema_json: bytes) -> _Compiled:
         cls.check_schema(schema)
     except SchemaError as exc:
         return _Compiled(None, f"the tool's input schema is not valid JSON Schema ({exc.message}); not checked")
-    return _Compiled(cls(schema, format_checker=cls.FORMAT_CHECKER), None)
+    fast = None
+    if not _uses_any(schema, _NOT_FOR_FAST_PATH):
+        try:
+            fast = fastjsonschema.compile(schema, use_default=False, detailed_exceptions=False)
+        except Exception:
+            fast = None
+    return _Compiled(cls(schema, format_checker=cls.FORMAT_CHECKER), None, fast)
 
 
 def compiled_validator(schema: Mapping[str, Any]) -> _Compiled:
@@ -234,7 +271,7 @@ def verify(
         )
     compiled = compiled_validator(tool.input_schema)
     warnings = (compiled.warning,) if compiled.warning else ()
-    if compiled.validator is not None:
+    if compiled.validator is not None and not compiled.accepts_quickly(parsed.arguments):
         errors = sorted(compiled.validator.iter_errors(parsed.arguments), key=lambda e: list(e.absolute_path))
         if errors:
             found = tuple(dict.fromkeys(v for e in errors for v in _violations(e)))
