@@ -84,7 +84,14 @@ def _pb_value(value: Any, limits: Limits, where: str, depth: int = 0) -> Any:
 def _pb_attributes(attributes: Any, limits: Limits, where: str) -> dict[str, Any]:
     if len(attributes) > MAX_ATTRIBUTES:
         raise PayloadError(f"{where}: {len(attributes)} attributes, more than the limit of {MAX_ATTRIBUTES}")
-    return {kv.key: _pb_value(kv.value, limits, f"{where}[{kv.key!r}]") for kv in attributes}
+    out: dict[str, Any] = {}
+    for kv in attributes:
+        value = kv.value
+        if value.WhichOneof("value") == "string_value" and len(value.string_value) <= limits.max_attribute_bytes:
+            out[kv.key] = value.string_value  # most attributes: no need to build their location
+        else:
+            out[kv.key] = _pb_value(value, limits, f"{where}[{kv.key!r}]")
+    return out
 
 
 def _pb_id(raw: bytes, size: int, where: str, optional: bool = False) -> str | None:
