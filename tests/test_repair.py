@@ -1,5 +1,6 @@
 import json
 import random
+import time
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -201,6 +202,14 @@ def test_steps_are_data_a_reviewer_can_read():
     coerce = next(s for s in revision.steps if s.kind is StepKind.COERCE)
     assert (coerce.pointer, coerce.before, coerce.after, coerce.call) == ("/arguments/base", "10", 10, 0)
     assert json.loads(json.dumps(revision.to_dict()))["steps"][0]["kind"] == "extract"
+
+
+@pytest.mark.parametrize("raw", ["[" * 5000, "{" * 5000, '{"a": ' * 3000, "f(" * 3000, "[1, " * 3000 + "]" * 3000,
+                                 '[{"name": "x"' + "," * 100000 + "]"])
+def test_stray_brackets_cost_linear_time(raw):
+    start = time.perf_counter()
+    assert not revise(raw, TRIANGLE.tools).ok
+    assert time.perf_counter() - start < 2
 
 
 # --- properties -----------------------------------------------------------------------------------------------------

@@ -325,7 +325,10 @@ def _decode(text: str, steps: list[Step]) -> Any:
             return value
         except ValueError:
             pass
-    repaired = json_repair.loads(text)
+    try:
+        repaired = json_repair.loads(text)
+    except Exception:  # json-repair is a heuristic; whatever it cannot handle is simply not repairable
+        repaired = None
     if isinstance(repaired, (dict, list)) and repaired:
         steps.append(Step(StepKind.JSON_REPAIR, "repaired broken JSON with json-repair"))
         return repaired
@@ -360,9 +363,11 @@ def _read_segment(text: str, steps: list[Step]) -> list[_Raw] | None:
 
 def _segments(region: str) -> Iterator[tuple[str, bool]]:
     """Candidate segments in a region, in order, as (text, balanced): from each opening bracket or `name(` to its
-    matching closer, or to the end of the region (less trailing prose) when it is never closed."""
+    matching closer, or to the end of the region (less trailing prose) when it is never closed. Only the first few
+    unclosed ones are tried, so that text full of stray brackets costs linear time, not quadratic."""
     pos = 0
-    while True:
+    unclosed = 0
+    while unclosed < _MAX_UNCLOSED:
         match = _START.search(region, pos)
         if match is None:
             return
@@ -372,9 +377,13 @@ def _segments(region: str) -> Iterator[tuple[str, bool]]:
             yield region[start:end], True
             pos = end
         else:
+            unclosed += 1
             rest = region[start:]
             yield (rest if _scan(rest, 0)[1] == "open" else _trim_prose(rest)), False
             pos = start + 1
+
+
+_MAX_UNCLOSED = 3
 
 
 def _trim_prose(text: str) -> str:
