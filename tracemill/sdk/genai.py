@@ -57,7 +57,8 @@ def tool_definitions_json(tools: Iterable[Any]) -> str:
 def tool_call_part(call: Mapping[str, Any], redactor: Redactor = _NONE) -> dict[str, Any]:
     """`{"id", "name", "arguments"}` or OpenAI's `{"id", "type": "function", "function": {"name", "arguments"}}` as a
     GenAI tool_call part. Arguments are kept as the model sent them: a JSON string stays a string, broken or not."""
-    body = call.get("function") if isinstance(call.get("function"), Mapping) else call
+    function = call.get("function")
+    body: Mapping[str, Any] = function if isinstance(function, Mapping) else call
     part: dict[str, Any] = {"type": "tool_call", "name": body.get("name"),
                             "arguments": redactor.value(body.get("arguments"))}
     if call.get("id") is not None:

@@ -113,7 +113,8 @@ class TracemillCallbackHandler(BaseCallbackHandler):
         if span is not None and generation is not None:
             text = message.content if message is not None else generation.text
             info = generation.generation_info or {}
-            core.set_attributes(span, genai.chat_output_attributes, text if isinstance(text, str) else genai.dumps(text),
+            core.set_attributes(span, genai.chat_output_attributes,
+                                text if isinstance(text, str) else genai.dumps(text),
                                 _raw_calls(message) if message is not None else [],
                                 finish_reason=info.get("finish_reason"), redactor=core.redactor())
         self._close(run_id)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 from pathlib import Path
 
 from opentelemetry.sdk.resources import Resource
@@ -28,9 +29,10 @@ __all__ = ["DeliveryError", "Summary", "default_sources", "simulate"]
 EPISODE_SPACING_MS = 1500  # simulated time between episode starts
 
 
-def default_sources() -> list[tuple[float, list[Scenario]]]:
+@lru_cache(maxsize=1)
+def default_sources() -> tuple[tuple[float, tuple[Scenario, ...]], ...]:
     """(share, scenarios): MCP-Bench tasks, BFCL's legal rows, the package's general BFCL rows."""
-    return [(0.8, mcp_bench_scenarios()), (0.1, legal_scenarios()), (0.1, bfcl_scenarios())]
+    return ((0.8, tuple(mcp_bench_scenarios())), (0.1, tuple(legal_scenarios())), (0.1, tuple(bfcl_scenarios())))
 
 
 def simulate(
@@ -50,8 +52,8 @@ def simulate(
     `DeliveryError` otherwise). The returned Summary holds the figures `tracemill stats` should then report."""
     if profile not in PROFILES:
         raise ValueError(f"unknown model profile {profile!r}; known: {', '.join(sorted(PROFILES))}")
-    sources = [(1.0, file_scenarios(tools_file))] if tools_file is not None else default_sources()
-    sources = [(share, scenarios) for share, scenarios in sources if scenarios]
+    chosen = ((1.0, tuple(file_scenarios(tools_file))),) if tools_file is not None else default_sources()
+    sources = [(share, scenarios) for share, scenarios in chosen if scenarios]
     if not sources:
         raise ValueError("no scenarios to simulate")
     settings = Settings(PROFILES[profile], tool_error_rate=tool_error_rate)

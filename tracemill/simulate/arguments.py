@@ -113,7 +113,9 @@ def value_for(schema: Any, name: str, words: Sequence[str], rng: random.Random, 
 def arguments_for(schema: Mapping[str, Any], words: Sequence[str], rng: random.Random, depth: int = 0,
                   optional_rate: float = 0.5) -> dict[str, Any]:
     """Every required parameter, and each optional one at `optional_rate`."""
-    props = schema.get("properties") if isinstance(schema.get("properties"), Mapping) else {}
+    props = schema.get("properties")
+    if not isinstance(props, Mapping):
+        return {}
     required = set(schema.get("required") or ())
     args: dict[str, Any] = {}
     for name, prop in props.items():

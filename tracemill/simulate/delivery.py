@@ -73,7 +73,9 @@ class Delivery(SpanProcessor):
             self._send(spans[:half])
             self._send(spans[half:])
             return
-        deadline = time.monotonic() + self.patience_s
+        # Until the collector has taken a first batch, an unreachable or refusing endpoint is most likely a wrong URL.
+        patience = self.patience_s if self.delivered else min(self.patience_s, 5.0)
+        deadline = time.monotonic() + patience
         while True:
             try:
                 response = self._client.post(self.url, content=body)
@@ -91,7 +93,7 @@ class Delivery(SpanProcessor):
                 problem = f"the collector at {self.url} stayed busy (HTTP {response.status_code})"
                 wait = _retry_after(response.headers.get("retry-after"))
             if time.monotonic() + wait > deadline:
-                raise DeliveryError(f"{problem} for {self.patience_s:.0f} s; {self.delivered} spans were delivered")
+                raise DeliveryError(f"{problem} for {patience:.0f} s; {self.delivered} spans were delivered")
             time.sleep(wait)
 
     @staticmethod
