@@ -419,7 +419,11 @@ def json_repair_reviser(raw: str, index: Mapping[str, Tool], context: Sequence[A
     before = strict_calls(raw)
     if before is not None:
         return _as_revision(before, index, False)
-    return _as_revision(_strict_calls(json_repair.loads(raw)), index, True)
+    try:
+        repaired = json_repair.loads(raw)
+    except Exception:  # a heuristic that gives up is a reviser that found nothing
+        return _as_revision(None, index, True)
+    return _as_revision(_strict_calls(repaired), index, True)
 
 
 def rules_reviser(raw: str, index: Mapping[str, Tool], context: Sequence[Any] | None = None) -> Revision:
