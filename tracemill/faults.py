@@ -3,14 +3,15 @@
 One library for `tracemill simulate` and for `tracemill eval`'s `bfcl` suite.
 
     rng = random.Random(seed)
-    kinds = sample_faults("llama3.1-8b", rng)             # e.g. ["python_tag", "number_as_string"]
+    kinds = sample_faults("llama3.1-8b", rng)             # e.g. ["number_as_string", "python_tag"]
+    kinds = sample_faults("llama3.1-8b", rng, n_calls=1)  # the output is meant to hold one call
     bad = corrupt(call, tool, tools, kinds, rng)          # Corrupted(raw, native, faults)
     bad = corrupt_calls([c1, c2], tools, kinds, rng)      # several calls in one output
 
 `Corrupted.native` is True when `raw` is a native tool call's JSON, `{"name", "arguments"}` with `arguments` a JSON
 string as the OpenAI API sends it (or a JSON array of such calls), and False when `raw` is assistant text content that
 holds the call(s). A call is native unless a text-only fault (`TEXT_KINDS`) was applied. Without faults, `raw` is a
-valid native call.
+valid native call (for several calls, a JSON array of valid native calls).
 
 `Corrupted.faults` lists the faults actually applied, in `KINDS` order; a kind that does not apply to the call (e.g.
 `enum_case` on a tool without enums, `missing_required` on one without required parameters) is skipped and not
