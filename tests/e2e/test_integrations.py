@@ -214,6 +214,40 @@ def test_openai_client_calls_become_tool_call_rows(start_collector, sqlite_url: 
     assert streamed.arguments == {"city": "Lyon", "days": 2} and streamed.execution_status == "success"
 
 
+ASYNC_OPENAI_AGENT = """
+    import asyncio, json, os
+    from openai import AsyncOpenAI
+    import tracemill.sdk as tm
+    from tracemill.sdk.openai import instrument
+
+    tm.init(os.environ["COLLECTOR"], service_name="async-openai-agent")
+
+    async def main():
+        client = instrument(AsyncOpenAI(base_url=os.environ["MODEL_URL"], api_key="not-needed"))
+        messages = [{"role": "user", "content": "Weather?"}]
+        with tm.agent("weather"):
+            for turn in range(4):
+                answer = await client.chat.completions.create(model="qwen3", messages=messages, tools=json.loads(
+                    os.environ["TOOLS"]), stream=turn == 3)
+                if turn == 3:
+                    async for chunk in answer:
+                        pass
+
+    asyncio.run(main())
+"""
+
+
+def test_async_openai_client(start_collector, sqlite_url: str, tmp_path: Path,
+                             chat_server: ChatCompletionsServer) -> None:
+    collector = start_collector(sqlite_url)
+    run_agent(ASYNC_OPENAI_AGENT, tmp_path, COLLECTOR=collector.url, MODEL_URL=chat_server.url,
+              TOOLS=json.dumps([WEATHER_TOOL, FORECAST_TOOL]))
+    rows = stored(sqlite_url, lambda rs: len(rs) == 4)
+    assert [(r.name, r.tool_call_id, r.schema_valid) for r in rows] == [
+        ("get_weather", "call_1", True), (None, None, None), ("get_forecast", "call_3", False),
+        ("get_forecast", "call_4", True)]
+
+
 # --- LangChain ------------------------------------------------------------------------------------------------------
 
 LANGCHAIN_AGENT = """

@@ -5,10 +5,10 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any, TypeVar
 
+from openai.resources.chat.completions import AsyncCompletions
 from opentelemetry.trace import Span, SpanKind, use_span
 
 from tracemill.sdk import core, genai
@@ -24,7 +24,7 @@ def instrument(client: C, *, provider: str = "openai") -> C:
     if getattr(create, "__tracemill__", False):
         return client
 
-    if inspect.iscoroutinefunction(create):
+    if isinstance(completions, AsyncCompletions):
         async def traced_async(*args: Any, **kwargs: Any) -> Any:
             span = _start(kwargs, provider)
             try:
@@ -78,16 +78,19 @@ def _calls(tool_calls: Any) -> list[dict[str, Any]]:
             for c in tool_calls or () if getattr(c, "function", None) is not None]
 
 
-def _finish(span: Span, response: Any) -> None:
+def _output(response: Any) -> dict[str, Any]:
     choice = response.choices[0] if response.choices else None
     message = choice.message if choice else None
     usage = getattr(response, "usage", None)
-    core.set_attributes(
-        span, genai.chat_output_attributes, message.content if message else None,
-        _calls(message.tool_calls) if message else [],
+    return genai.chat_output_attributes(
+        message.content if message else None, _calls(message.tool_calls) if message else [],
         finish_reason=choice.finish_reason if choice else None, response_model=response.model,
         input_tokens=usage.prompt_tokens if usage else None, output_tokens=usage.completion_tokens if usage else None,
         redactor=core.redactor())
+
+
+def _finish(span: Span, response: Any) -> None:
+    core.set_attributes(span, _output, response)
     span.end()
 
 
@@ -104,6 +107,12 @@ class _Accumulator:
         self.done = False
 
     def add(self, chunk: Any) -> None:
+        try:
+            self._add(chunk)
+        except Exception:  # an unexpected chunk shape must not break the agent's stream
+            core.log.warning("tracemill: could not record a stream chunk", exc_info=True)
+
+    def _add(self, chunk: Any) -> None:
         self.model = chunk.model or self.model
         self.usage = getattr(chunk, "usage", None) or self.usage
         for choice in chunk.choices or ():
@@ -126,12 +135,14 @@ class _Accumulator:
         self.done = True
         if error is not None:
             core.mark_error(self.span, error)
-        core.set_attributes(
-            self.span, genai.chat_output_attributes, "".join(self.text) or None,
-            [self.calls[i] for i in sorted(self.calls)], finish_reason=self.finish_reason, response_model=self.model,
-            input_tokens=self.usage.prompt_tokens if self.usage else None,
-            output_tokens=self.usage.completion_tokens if self.usage else None, redactor=core.redactor())
+        core.set_attributes(self.span, self._output)
         self.span.end()
+
+    def _output(self) -> dict[str, Any]:
+        return genai.chat_output_attributes(
+            "".join(self.text) or None, [self.calls[i] for i in sorted(self.calls)], finish_reason=self.finish_reason,
+            response_model=self.model, input_tokens=self.usage.prompt_tokens if self.usage else None,
+            output_tokens=self.usage.completion_tokens if self.usage else None, redactor=core.redactor())
 
 
 class _Stream:
