@@ -110,6 +110,10 @@ class Revision:
                 "steps": [s.to_dict() for s in self.steps], "verdicts": [v.to_dict() for v in self.verdicts]}
 
 
+_UNREAD = object()
+_JSON = json.JSONDecoder()
+
+
 class _Refused(Exception):
     """The output cannot be read without making something up (e.g. it was cut mid-value)."""
 
@@ -335,22 +339,21 @@ def _decode(text: str, steps: list[Step]) -> Any:
     raise ValueError("not a JSON value")
 
 
-def _read_segment(text: str, steps: list[Step]) -> list[_Raw] | None:
-    """The calls in one segment that starts at an opening bracket or `name(`; None when it holds none. Raises
-    _Refused when it was cut mid-value."""
+def _read_segment(text: str, steps: list[Step], value: Any = _UNREAD) -> list[_Raw] | None:
+    """The calls in one segment that starts at an opening bracket or `name(` (`value`: its JSON, when already
+    decoded); None when it holds none. Raises _Refused when it was cut mid-value."""
     local: list[Step] = []
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):
+    if value is _UNREAD:
+        calls = _pythonic(text)
+        if calls is not None:
+            steps.append(Step(StepKind.PYTHONIC, "read a Python-style call with ast"))
+            return calls
         _, state, closers = _scan(text, 0)
-        for attempt, extra in ((text, []), (text + closers, [Step(StepKind.CLOSE_BRACKETS,
-                                                                  f"added the missing {closers!r}")])):
-            if attempt is not text and state != "open":
-                break
-            calls = _pythonic(attempt)
-            if calls is not None:
-                steps.extend([*extra, Step(StepKind.PYTHONIC, "read a Python-style call with ast")])
-                return calls
+        calls = _pythonic(text + closers) if state == "open" else None
+        if calls is not None:
+            steps.extend([Step(StepKind.CLOSE_BRACKETS, f"added the missing {closers!r}"),
+                          Step(StepKind.PYTHONIC, "read a Python-style call with ast")])
+            return calls
         try:
             value = _decode(text, local)
         except ValueError:
@@ -361,10 +364,10 @@ def _read_segment(text: str, steps: list[Step]) -> list[_Raw] | None:
     return calls
 
 
-def _segments(region: str) -> Iterator[tuple[str, bool]]:
-    """Candidate segments in a region, in order, as (text, balanced): from each opening bracket or `name(` to its
-    matching closer, or to the end of the region (less trailing prose) when it is never closed. Only the first few
-    unclosed ones are tried, so that text full of stray brackets costs linear time, not quadratic."""
+def _segments(region: str) -> Iterator[tuple[str, bool, Any]]:
+    """Candidate segments in a region, in order, as (text, balanced, its JSON value or _UNREAD): from each opening
+    bracket or `name(` to its matching closer, or to the end of the region (less trailing prose) when it is never
+    closed. Only the first few unclosed ones are tried, so that text full of stray brackets costs linear time."""
     pos = 0
     unclosed = 0
     while unclosed < _MAX_UNCLOSED:
@@ -372,14 +375,23 @@ def _segments(region: str) -> Iterator[tuple[str, bool]]:
         if match is None:
             return
         start = match.start()
+        if region[start] in "{[":
+            try:
+                value, end = _JSON.raw_decode(region, start)
+            except (ValueError, RecursionError):
+                pass
+            else:
+                yield region[start:end], True, value
+                pos = end
+                continue
         end, state, _ = _scan(region, start if region[start] in "{[" else match.end() - 1)
         if state == "closed":
-            yield region[start:end], True
+            yield region[start:end], True, _UNREAD
             pos = end
         else:
             unclosed += 1
             rest = region[start:]
-            yield (rest if _scan(rest, 0)[1] == "open" else _trim_prose(rest)), False
+            yield (rest if _scan(rest, 0)[1] == "open" else _trim_prose(rest)), False, _UNREAD
             pos = start + 1
 
 
@@ -433,9 +445,9 @@ def _read_text(raw: str, steps: list[Step], index: Mapping[str, Tool]) -> _Readi
             reading.calls.append(_Raw(tag_name, region.strip() or {}))
             used.append(region)
             continue
-        for segment, balanced in _segments(region):
+        for segment, balanced, value in _segments(region):
             try:
-                found = _read_segment(segment, steps)
+                found = _read_segment(segment, steps, value)
             except _Refused as exc:
                 reading.refused.append(str(exc))
                 continue
