@@ -97,3 +97,21 @@ def test_an_unreachable_collector_is_a_clear_error() -> None:
                           timeout=30)
     assert done.returncode == 1
     assert "cannot reach the collector" in done.stderr and "0 spans were delivered" in done.stderr
+
+
+def test_simulate_over_your_own_tools(start_collector, sqlite_url: str, tmp_path: Path) -> None:
+    tools = [{"name": "get_weather", "description": "Current weather.", "inputSchema": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},
+        "required": ["city"], "additionalProperties": False}}]
+    (tmp_path / "tools.json").write_text(json.dumps(tools))
+    bfcl = tmp_path / "BFCL_v4_simple_python.json"
+    rows = (Path(__file__).parents[1] / "tracemill/data/bfcl" / bfcl.name).read_text().splitlines()[:5]
+    bfcl.write_text("\n".join(rows) + "\n")  # no possible_answer file beside it: the agent picks its own calls
+
+    collector = start_collector(sqlite_url)
+    mine = simulate(collector.url, traces=30, seed=1, tools_file=tmp_path / "tools.json", start_ns=START_NS)
+    theirs = simulate(collector.url, traces=30, seed=1, tools_file=bfcl, start_ns=START_NS)
+    offered = {a["gen_ai.tool.definitions"] for _, _, name, a in _spans(sqlite_url) if name.startswith("chat")}
+    assert mine.calls > 0 and theirs.calls > 0
+    names = {t["name"] for text in offered for t in json.loads(text)}
+    assert "get_weather" in names and len(names) > 1
