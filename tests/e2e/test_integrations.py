@@ -1,8 +1,9 @@
 """Each integration, in its own agent process, sends traces that a real collector turns into the right tool_calls rows.
 
-The agents use the real libraries: the `openai` client against a chat-completions server started here, a LangChain
-agent whose chat model is LangChain's own fake model with scripted tool calls (once with Tracemill's callback
-handler, once through LangSmith's OpenTelemetry export), and an `mcp` client session against an `mcp` stdio server.
+The agents use the real libraries: the `openai` client (wrapped by Tracemill, or instrumented by OpenInference)
+against a chat-completions server started here, a LangChain agent whose chat model is LangChain's own fake model with
+scripted tool calls (once with Tracemill's callback handler, once through LangSmith's OpenTelemetry export), and an
+`mcp` client session against an `mcp` stdio server.
 """
 
 from __future__ import annotations
@@ -246,6 +247,38 @@ def test_async_openai_client(start_collector, sqlite_url: str, tmp_path: Path,
     assert [(r.name, r.tool_call_id, r.schema_valid) for r in rows] == [
         ("get_weather", "call_1", True), (None, None, None), ("get_forecast", "call_3", False),
         ("get_forecast", "call_4", True)]
+
+
+OPENINFERENCE_AGENT = """
+    import json, os
+    from openai import OpenAI
+    from openinference.instrumentation.openai import OpenAIInstrumentor
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(os.environ["COLLECTOR"] + "/v1/traces")))
+    OpenAIInstrumentor().instrument(tracer_provider=provider)
+    client = OpenAI(base_url=os.environ["MODEL_URL"], api_key="not-needed")
+    for turn in range(3):
+        client.chat.completions.create(model="llama3.1-8b", messages=[{"role": "user", "content": "Weather?"}],
+                                       tools=json.loads(os.environ["TOOLS"]))
+    provider.shutdown()
+"""
+
+
+def test_openinference_instrumented_client(start_collector, sqlite_url: str, tmp_path: Path,
+                                           chat_server: ChatCompletionsServer) -> None:
+    """An agent already instrumented with OpenInference needs nothing from Tracemill but the collector's URL."""
+    collector = start_collector(sqlite_url)
+    run_agent(OPENINFERENCE_AGENT, tmp_path, COLLECTOR=collector.url, MODEL_URL=chat_server.url,
+              TOOLS=json.dumps([WEATHER_TOOL, FORECAST_TOOL]))
+    rows = stored(sqlite_url, lambda rs: len(rs) == 3)
+    assert [(r.name, r.tool_call_id, r.name_valid, r.schema_valid) for r in rows] == [
+        ("get_weather", "call_1", True, True), (None, None, False, None), ("get_forecast", "call_3", True, False)]
+    assert rows[1].raw.startswith("<tool_call>")
+    assert json.loads(rows[2].raw)["arguments"] == '{"city": "Paris", "days": 3'
 
 
 # --- LangChain ------------------------------------------------------------------------------------------------------
