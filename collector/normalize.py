@@ -7,7 +7,9 @@ OpenTelemetry GenAI (`gen_ai.*` messages, `execute_tool` spans), MCP (`tools/cal
 `{"name": ..., "arguments": ...}` with the arguments exactly as emitted: a string stays a JSON string, its text
 verbatim even when it is broken JSON, and an object stays an object, so `verify(raw)` reads it exactly as it reads
 `call_input`. A call the model wrote as text (`<tool_call>…`, `[TOOL_CALLS]…`, bare JSON, `tool(...)`) keeps that text
-as both `raw` and `call_input`, with `name` None: recovering it is the reviser's job, not this module's.
+as both `raw` and `call_input`, with `name` None: recovering it is the reviser's job, not this module's. Whether text
+holds a call at all is decided by the reviser's own reading (`tracemill.repair.holds_call`), and only for a model that
+was offered tools.
 
 Tool lists are decoded once per distinct text and shared between spans: treat `Tool` objects as read-only.
 """
@@ -24,7 +26,9 @@ from typing import Any
 import orjson
 
 from tracemill.collector.spans import SpanRecord
+from tracemill.repair import holds_call
 from tracemill.tools import Tool, ToolFormatError, normalize_tool
+from tracemill.verify import tool_index
 
 RESULT_LIMIT = 64 * 1024  # characters of a tool result kept
 
@@ -60,11 +64,6 @@ _FIELDS = {"id": "id", "name": "name", "arguments": "arguments", "function.name"
 _FLAT_TOOL = re.compile(r"(?:llm\.tools|llm\.request\.functions)\.(?P<n>\d+)\.(?:tool\.)?"
                         r"(?P<field>json_schema|name|description|parameters)$")
 
-# Unambiguous signs of a tool call written as text; bare JSON and `tool(...)` count only when tools were offered.
-_TEXT_CALL_MARKERS = ("<tool_call>", "<function=", "<|python_tag|>", "[TOOL_CALLS]", "<tool_use>", "<|tool_call",
-                      "<function_call>", "<|action_start|>")
-_JSON_NAME = re.compile(r'"name"\s*:')
-_JSON_ARGUMENTS = re.compile(r'"(?:arguments|parameters)"\s*:')
 
 
 @dataclass(slots=True)
@@ -414,18 +413,11 @@ def _calls(messages: list[_Message], tools: list[Tool] | None, model: str | None
                 raw = json.dumps(call_input, ensure_ascii=False)
             calls.append(ExtractedCall(index, native.id, raw, call_input, native.name, tools, model))
         return calls
-    texts = [text for message in messages for text in message.texts if _looks_like_call(text, tools)]
+    if not tools:  # a model offered no tools makes no call that can be judged
+        return []
+    index = tool_index(tools)
+    texts = [text for message in messages for text in message.texts if holds_call(text, index)]
     return [ExtractedCall(index, None, text, text, None, tools, model) for index, text in enumerate(texts)]
-
-
-def _looks_like_call(text: str, tools: list[Tool] | None) -> bool:
-    if any(marker in text for marker in _TEXT_CALL_MARKERS):
-        return True
-    if not tools:
-        return False
-    if _JSON_NAME.search(text) and _JSON_ARGUMENTS.search(text):
-        return True
-    return any(tool.name + "(" in text for tool in tools)
 
 
 # --- executions ---------------------------------------------------------------------------------------------------

@@ -48,9 +48,6 @@ def test_stats_report_what_was_injected(start_collector, db_url: str) -> None:
     assert _span_count(db_url) == sent["spans"]
 
 
-@pytest.mark.xfail(strict=True, reason="the collector does not see calls written as pythonic calls with MCP-Bench's "
-                   "`Server:tool` names, as `{\"tool\": ..., \"args\": ...}` wrappers, or after `<|python_start|>` "
-                   "with single quotes: those outputs get no tool_calls row")
 def test_stats_report_what_was_injected_for_a_model_that_writes_calls_as_text(start_collector,
                                                                               sqlite_url: str) -> None:
     collector = start_collector(sqlite_url)

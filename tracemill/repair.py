@@ -751,6 +751,14 @@ def _read_value(value: Any, raw: str, steps: list[Step], index: Mapping[str, Too
     return _Reading(calls, []) if calls is not None else _read_text(raw, steps, index)
 
 
+def holds_call(text: str, tools: Sequence[Any] | Mapping[str, Tool]) -> bool:
+    """Whether a model's text holds a tool call, read as `revise` reads it: tagged, fenced, JSON or pythonic (naming
+    one of `tools`), or one cut off mid-value. Prose that only mentions a tool holds none."""
+    index = tools if isinstance(tools, Mapping) else tool_index(tools)
+    reading = _read_text(text, [], index)
+    return bool(reading.calls or reading.refused)
+
+
 def revise(raw: str | bytes | Mapping[str, Any] | Sequence[Any] | ToolCall, tools: Sequence[Any] | Mapping[str, Tool],
            context: Sequence[Any] | None = None) -> Revision:
     """Recover and fix the tool calls in `raw` (see the module docstring). `tools`: the tools the model was offered, in
