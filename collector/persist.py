@@ -13,7 +13,8 @@ from tracemill.collector.normalize import Extracted, ExtractedCall, ExtractedExe
 from tracemill.collector.spans import SpanRecord
 from tracemill.store.bulk import BulkInsert
 from tracemill.store.engine import insert_ignoring_duplicates
-from tracemill.store.tables import SpanRow, ToolCallRow, ToolExecutionRow, ToolsetRow, utcnow
+from tracemill.store.payloads import PAYLOAD_MIN_CHARS, reference
+from tracemill.store.tables import PayloadRow, SpanRow, ToolCallRow, ToolExecutionRow, ToolsetRow, utcnow
 from tracemill.tools import Tool, toolset_hash
 from tracemill.verify import Stage, Verdict, parse_call, tool_index, verify
 
@@ -22,6 +23,7 @@ _SPANS = SpanRow.__table__
 _TOOLSETS = ToolsetRow.__table__
 _CALLS = ToolCallRow.__table__
 _EXECUTIONS = ToolExecutionRow.__table__
+_PAYLOADS = PayloadRow.__table__
 
 _LINK_EXECUTION = (
     update(_CALLS)
@@ -32,14 +34,14 @@ _LINK_EXECUTION = (
 )
 
 
-class _Bounded(OrderedDict[str, Any]):
+class _Bounded(OrderedDict[Any, Any]):
     """A small LRU map for caches that must not grow with traffic."""
 
     def __init__(self, size: int) -> None:
         super().__init__()
         self.size = size
 
-    def put(self, key: str, value: Any) -> None:
+    def put(self, key: Any, value: Any) -> None:
         self[key] = value
         self.move_to_end(key)
         if len(self) > self.size:
@@ -60,8 +62,12 @@ class SpanWriter:
         self._insert_spans = BulkInsert(_SPANS, dialect)
         self._insert_calls = BulkInsert(_CALLS, dialect)
         self._insert_executions = BulkInsert(_EXECUTIONS, dialect)
+        self._insert_payloads = BulkInsert(_PAYLOADS, dialect)
+        self._payloads: _Bounded = _Bounded(16384)  # digests known to be stored
+        self._new_payloads: set[str] = set()
         self._toolsets: _Bounded = _Bounded(4096)
         self._new_toolsets: dict[str, _Toolset] = {}  # inserted by the open transaction; cached once it commits
+        self._digests: _Bounded = _Bounded(4096)  # id(tool list) -> (the list, its hash): spans share decoded lists
         self._trace_tools: _Bounded = _Bounded(65536)
 
     def write(self, conn: Connection, spans: list[SpanRecord]) -> None:
@@ -70,8 +76,9 @@ class SpanWriter:
         call_rows: list[dict[str, Any]] = []
         execution_rows: list[dict[str, Any]] = []
         extracted: list[tuple[SpanRecord, Extracted]] = []
+        payload_rows: dict[str, dict[str, Any]] = {}
         for span in spans:
-            span_rows.append(_span_row(span, now))
+            span_rows.append(self._span_row(span, now, payload_rows))
             found = extract(span)
             if found.calls or found.executions or found.offered_tools:
                 extracted.append((span, found))
@@ -94,6 +101,8 @@ class SpanWriter:
             call_rows = _drop_stored_repeats(conn, call_rows, seen)
         linked = self._link_executions(conn, call_rows, executions)
 
+        self._insert_payloads.execute(conn, list(payload_rows.values()))
+        self._new_payloads.update(payload_rows)
         self._insert_spans.execute(conn, span_rows)
         self._insert_calls.execute(conn, call_rows)
         # An execution whose call is not in this batch may belong to a call stored earlier.
@@ -136,7 +145,12 @@ class SpanWriter:
         }
 
     def _toolset(self, conn: Connection, tools: list[Tool]) -> _Toolset:
-        digest = toolset_hash(tools)
+        known = self._digests.get(id(tools))
+        if known is not None and known[0] is tools:
+            digest = known[1]
+        else:
+            digest = toolset_hash(tools)
+            self._digests.put(id(tools), (tools, digest))
         cached = self._toolsets.get(digest) or self._new_toolsets.get(digest)
         if cached is None:
             conn.execute(insert_ignoring_duplicates(_TOOLSETS, self.dialect),
@@ -150,10 +164,34 @@ class SpanWriter:
     def committed(self) -> None:
         for digest, toolset in self._new_toolsets.items():
             self._toolsets.put(digest, toolset)
+        for digest in self._new_payloads:
+            self._payloads.put(digest, True)
         self._new_toolsets.clear()
+        self._new_payloads.clear()
 
     def rolled_back(self) -> None:
         self._new_toolsets.clear()
+        self._new_payloads.clear()
+
+    def _span_row(self, span: SpanRecord, now: Any, payload_rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        attributes = span.attributes
+        large = [k for k, v in attributes.items() if isinstance(v, str) and len(v) >= PAYLOAD_MIN_CHARS]
+        if large:
+            attributes = dict(attributes)
+            for key in large:
+                text = attributes[key]
+                digest, attributes[key] = reference(text)
+                if digest not in self._payloads and digest not in payload_rows:
+                    payload_rows[digest] = {"digest": digest, "body": text, "chars": len(text)}
+        service = span.resource.get("service.name")
+        return {
+            "trace_id": span.trace_id, "span_id": span.span_id, "parent_span_id": span.parent_span_id,
+            "name": span.name, "kind": span.kind, "start_time_ns": span.start_time_ns,
+            "end_time_ns": span.end_time_ns, "status_code": span.status_code, "status_message": span.status_message,
+            "service_name": service if isinstance(service, str) else None, "scope_name": span.scope_name,
+            "attributes": attributes, "resource": span.resource, "events": span.events, "links": span.links,
+            "received_at": now,
+        }
 
     def _link_executions(self, conn: Connection, call_rows: list[dict[str, Any]],
                          in_batch: dict[tuple[str, str], tuple[SpanRecord, ExtractedExecution]]
@@ -211,18 +249,6 @@ def _verdict(call: ExtractedCall, toolset: _Toolset | None) -> Verdict:
 def _set_execution(row: dict[str, Any], span_id: str, ok: bool, error: str | None, result: str | None) -> None:
     row.update(execution_status="success" if ok else "error", execution_error=error, execution_result=result,
                execution_span_id=span_id)
-
-
-def _span_row(span: SpanRecord, now: Any) -> dict[str, Any]:
-    service = span.resource.get("service.name")
-    return {
-        "trace_id": span.trace_id, "span_id": span.span_id, "parent_span_id": span.parent_span_id,
-        "name": span.name, "kind": span.kind, "start_time_ns": span.start_time_ns, "end_time_ns": span.end_time_ns,
-        "status_code": span.status_code, "status_message": span.status_message,
-        "service_name": service if isinstance(service, str) else None, "scope_name": span.scope_name,
-        "attributes": span.attributes, "resource": span.resource, "events": span.events, "links": span.links,
-        "received_at": now,
-    }
 
 
 def _execution_row(span: SpanRecord, execution: ExtractedExecution) -> dict[str, Any]:

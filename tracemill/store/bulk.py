@@ -13,7 +13,7 @@ from tracemill.store.engine import insert_ignoring_duplicates
 
 class BulkInsert:
     def __init__(self, table: Table, dialect: Dialect) -> None:
-        columns = [c for c in table.columns if not (c.primary_key and c.autoincrement in (True, "auto"))]
+        columns = [c for c in table.columns if c is not table.autoincrement_column]
         compiled = insert_ignoring_duplicates(table, dialect.name).compile(
             dialect=dialect, column_keys=[c.key for c in columns])
         self.sql = str(compiled)

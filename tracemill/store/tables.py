@@ -21,7 +21,10 @@ class Base(DeclarativeBase):
 
 
 class SpanRow(Base):
-    """A raw OTLP span, as received. Idempotent on (trace_id, span_id): exporters retry."""
+    """A raw OTLP span, as received. Idempotent on (trace_id, span_id): exporters retry.
+
+    A string attribute of `PAYLOAD_MIN_CHARS` or more (tool definitions, conversations) is stored once in `payloads`
+    and appears in `attributes` as `{"$payload": sha256, "chars": n}`; `tracemill.store.payloads` reads it back."""
 
     __tablename__ = "spans"
     __table_args__ = (
@@ -46,6 +49,17 @@ class SpanRow(Base):
     events: Mapped[list[Any]] = mapped_column(JSONType)
     links: Mapped[list[Any]] = mapped_column(JSONType)
     received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class PayloadRow(Base):
+    """A large attribute value, stored once however many spans carry it (agents resend the same tool definitions
+    with every model call)."""
+
+    __tablename__ = "payloads"
+
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 of the UTF-8 text
+    body: Mapped[str] = mapped_column(Text)
+    chars: Mapped[int] = mapped_column(Integer)
 
 
 class ToolsetRow(Base):
