@@ -194,22 +194,41 @@ def _uses_any(schema: Any, keywords: frozenset[str]) -> bool:
     return False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Compiled:
     validator: Any
     warning: str | None
+    schema: Any = None
     # fastjsonschema's code for the same schema, where it means the same: when it accepts the arguments, so does
-    # jsonschema, twenty times slower. Any refusal is explained by jsonschema.
+    # jsonschema, twenty times slower. Any refusal is explained by jsonschema. Generating that code costs more than
+    # a few checks, so it is made once a schema has been used `_FAST_AFTER` times.
+    eligible: bool = False
+    uses: int = 0
     fast: Any = None
 
+    def fast_check(self) -> Any:
+        if self.fast is None and self.eligible:
+            try:
+                self.fast = fastjsonschema.compile(self.schema, use_default=False, detailed_exceptions=False)
+            except Exception:
+                self.eligible = False
+        return self.fast
+
     def accepts_quickly(self, arguments: dict[str, Any]) -> bool:
-        if self.fast is None:
+        if not self.eligible:
             return False
+        if self.fast is None:
+            self.uses += 1
+            if self.uses < _FAST_AFTER or self.fast_check() is None:
+                return False
         try:
             self.fast(arguments)
         except Exception:
             return False
         return True
+
+
+_FAST_AFTER = 3
 
 
 @lru_cache(maxsize=8192)
@@ -220,13 +239,8 @@ def _compile(schema_json: bytes) -> _Compiled:
         cls.check_schema(schema)
     except SchemaError as exc:
         return _Compiled(None, f"the tool's input schema is not valid JSON Schema ({exc.message}); not checked")
-    fast = None
-    if not _uses_any(schema, _NOT_FOR_FAST_PATH):
-        try:
-            fast = fastjsonschema.compile(schema, use_default=False, detailed_exceptions=False)
-        except Exception:
-            fast = None
-    return _Compiled(cls(schema, format_checker=cls.FORMAT_CHECKER), None, fast)
+    return _Compiled(cls(schema, format_checker=cls.FORMAT_CHECKER), None, schema,
+                     eligible=not _uses_any(schema, _NOT_FOR_FAST_PATH))
 
 
 def compiled_validator(schema: Mapping[str, Any]) -> _Compiled:
