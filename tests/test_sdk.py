@@ -10,6 +10,7 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ import tracemill.sdk as tm
 from support import free_port
 from tracemill.collector.keys import create_key
 from tracemill.store.engine import make_engine
+from tracemill.store.payloads import resolve
 from tracemill.store.tables import SpanRow, ToolCallRow
 
 pytestmark = pytest.mark.timeout(60)
@@ -37,7 +39,8 @@ def sdk() -> Iterator[Any]:
 def _read(db_url: str) -> tuple[list[Any], list[Any]]:
     engine = make_engine(db_url)
     with engine.connect() as conn:
-        spans = list(conn.execute(select(SpanRow).order_by(SpanRow.start_time_ns)))
+        spans = [SimpleNamespace(**{**row._asdict(), "attributes": resolve(conn, row.attributes)})
+                 for row in conn.execute(select(SpanRow).order_by(SpanRow.start_time_ns))]
         calls = list(conn.execute(select(ToolCallRow).order_by(ToolCallRow.start_time_ns, ToolCallRow.call_index)))
     engine.dispose()
     return spans, calls

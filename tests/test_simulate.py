@@ -18,6 +18,7 @@ from tracemill.faults import KINDS, PROFILES
 from tracemill.simulate import simulate
 from tracemill.simulate.scenarios import mcp_bench_scenarios
 from tracemill.store.engine import make_engine
+from tracemill.store.payloads import resolve
 from tracemill.store.tables import SpanRow
 from tracemill.verify import verify
 
@@ -35,8 +36,9 @@ def tracemill(*args: str) -> str:
 def _spans(db_url: str) -> list[Any]:
     engine = make_engine(db_url)
     with engine.connect() as conn:
-        rows = list(conn.execute(select(SpanRow.trace_id, SpanRow.span_id, SpanRow.name, SpanRow.attributes)
-                                 .order_by(SpanRow.trace_id, SpanRow.span_id)))
+        rows = [(t, s, name, resolve(conn, attributes)) for t, s, name, attributes in conn.execute(
+            select(SpanRow.trace_id, SpanRow.span_id, SpanRow.name, SpanRow.attributes)
+            .order_by(SpanRow.trace_id, SpanRow.span_id))]
     engine.dispose()
     return rows
 

@@ -24,6 +24,7 @@ import pytest
 from sqlalchemy import select
 
 from tracemill.store.engine import make_engine
+from tracemill.store.payloads import resolve
 from tracemill.store.tables import SpanRow, ToolCallRow, ToolExecutionRow
 
 pytestmark = pytest.mark.timeout(60)
@@ -408,7 +409,7 @@ def test_mcp_client_session(start_collector, sqlite_url: str, tmp_path: Path) ->
 
     engine = make_engine(sqlite_url)
     with engine.connect() as conn:
-        spans = list(conn.execute(select(SpanRow.name, SpanRow.attributes)))
+        spans = [(name, resolve(conn, a)) for name, a in conn.execute(select(SpanRow.name, SpanRow.attributes))]
         executions = list(conn.execute(select(ToolExecutionRow.tool_call_id, ToolExecutionRow.ok)))
     engine.dispose()
     listed = [a for name, a in spans if name == "tools/list"]
