@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -34,10 +34,29 @@ class CollectorConfig:
     max_queued_spans: int
     max_batch_spans: int
     retry_after_seconds: int
+    max_inflight_bytes: int
 
 
 class _TooLarge(Exception):
     pass
+
+
+class _InFlight:
+    """Bytes of request bodies being read and decoded now: bounded, so that a crowd of exporters cannot make the
+    collector hold more than the budget before the queue can refuse them."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.used = 0
+
+    def take(self, size: int) -> bool:
+        if self.used and self.used + size > self.budget:
+            return False
+        self.used += size
+        return True
+
+    def give_back(self, size: int) -> None:
+        self.used -= size
 
 
 def _is_json(content_type: str) -> bool:
@@ -98,7 +117,7 @@ def app_from_settings() -> Starlette:
     return create_app(make_engine(settings.database_url), CollectorConfig(
         max_body_bytes=settings.max_body_bytes, max_attribute_bytes=settings.max_attribute_bytes,
         max_queued_spans=settings.ingest_queue_spans, max_batch_spans=settings.ingest_batch_spans,
-        retry_after_seconds=settings.retry_after_seconds,
+        retry_after_seconds=settings.retry_after_seconds, max_inflight_bytes=settings.max_inflight_bytes,
     ))
 
 
@@ -112,6 +131,7 @@ def create_app(engine: Engine, config: CollectorConfig) -> Starlette:
     keys = KeyChecker(engine)
     limits = Limits(max_attribute_bytes=config.max_attribute_bytes)
     retry_after = {"Retry-After": str(config.retry_after_seconds)}
+    inflight = _InFlight(config.max_inflight_bytes)
 
     async def traces(request: Request) -> Response:
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -123,22 +143,20 @@ def create_app(engine: Engine, config: CollectorConfig) -> Starlette:
         if decoder is None:
             return _status(415, _INVALID_ARGUMENT, f"Content-Type {content_type or '(none)'!r} is not supported: "
                            "send application/x-protobuf or application/json", json_body)
+        if ingestor.full:
+            return _status(503, _UNAVAILABLE, f"collector is busy ({ingestor.queued_spans} spans are waiting to be "
+                           "written); retry later", json_body, retry_after)
+        declared = request.headers.get("content-length", "")
+        reserved = min(int(declared), config.max_body_bytes) if declared.isdigit() else config.max_body_bytes
+        if not inflight.take(reserved):
+            return _status(503, _UNAVAILABLE, f"collector is busy ({inflight.used} bytes of requests are being read); "
+                           "retry later", json_body, retry_after)
         try:
-            body = await _read_body(request, config.max_body_bytes)
-            encoding = request.headers.get("content-encoding", "identity").strip().lower()
-            if encoding == "gzip":
-                try:
-                    body = _gunzip(body, config.max_body_bytes)
-                except zlib.error as exc:
-                    raise PayloadError(f"body is not valid gzip: {exc}") from exc
-            elif encoding not in ("identity", ""):
-                return _status(415, _INVALID_ARGUMENT, f"Content-Encoding {encoding!r} is not supported: "
-                               "send gzip or none", json_body)
-            decoded = decoder(body, limits)
-        except _TooLarge as exc:
-            return _status(413, _RESOURCE_EXHAUSTED, str(exc), json_body)
-        except PayloadError as exc:
-            return _status(400, _INVALID_ARGUMENT, str(exc), json_body)
+            decoded = await _decode(request, decoder, json_body)
+        finally:
+            inflight.give_back(reserved)
+        if isinstance(decoded, Response):
+            return decoded
         if decoded.spans:
             loop = asyncio.get_running_loop()
             committed: asyncio.Future[BaseException | None] = loop.create_future()
@@ -151,6 +169,25 @@ def create_app(engine: Engine, config: CollectorConfig) -> Starlette:
                 return _status(503, _UNAVAILABLE, f"spans could not be stored ({type(error).__name__}); nothing "
                                "from this request was kept, retry later", json_body, retry_after)
         return _success(decoded, json_body)
+
+    async def _decode(request: Request, decoder: Callable[[bytes, Limits], Decoded],
+                      json_body: bool) -> Decoded | Response:
+        try:
+            body = await _read_body(request, config.max_body_bytes)
+            encoding = request.headers.get("content-encoding", "identity").strip().lower()
+            if encoding == "gzip":
+                try:
+                    body = _gunzip(body, config.max_body_bytes)
+                except zlib.error as exc:
+                    raise PayloadError(f"body is not valid gzip: {exc}") from exc
+            elif encoding not in ("identity", ""):
+                return _status(415, _INVALID_ARGUMENT, f"Content-Encoding {encoding!r} is not supported: "
+                               "send gzip or none", json_body)
+            return decoder(body, limits)
+        except _TooLarge as exc:
+            return _status(413, _RESOURCE_EXHAUSTED, str(exc), json_body)
+        except PayloadError as exc:
+            return _status(400, _INVALID_ARGUMENT, str(exc), json_body)
 
     async def healthz(_: Request) -> Response:
         return JSONResponse({"status": "ok", "queued_spans": ingestor.queued_spans})

@@ -48,6 +48,10 @@ class Ingestor:
     def queued_spans(self) -> int:
         return self._queued_spans
 
+    @property
+    def full(self) -> bool:
+        return self._queued_spans >= self.max_queued_spans
+
     def start(self) -> None:
         self._thread.start()
 

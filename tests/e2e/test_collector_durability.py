@@ -108,3 +108,29 @@ def test_sigkill_under_load_loses_no_acknowledged_span(db_url: str, start_collec
     stored = stored_ids(db_url)
     lost = [ids for ids in acknowledged if not ids <= stored]
     assert not lost, f"{len(lost)} acknowledged requests missing after SIGKILL"
+
+
+def test_bodies_being_read_are_bounded(tmp_path, start_collector) -> None:  # type: ignore[no-untyped-def]
+    """A slow or crowded sender cannot make the collector hold more request bytes than its budget."""
+    db_url = f"sqlite:///{tmp_path / 'inflight.db'}"
+    collector = start_collector(db_url, TRACEMILL_MAX_BODY_BYTES="500000", TRACEMILL_MAX_INFLIGHT_BYTES="500000")
+    slow_body, slow_ids = request_body(0, 20)
+    quick_body, quick_ids = request_body(1, 20)
+    release = threading.Event()
+
+    def trickle():  # type: ignore[no-untyped-def]
+        yield slow_body[:100]
+        release.wait(10)
+        yield slow_body[100:]
+
+    # sent chunked, without a length: the collector must assume the largest body it accepts
+    with ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(httpx.post, f"{collector.url}/v1/traces", content=trickle(), headers=PROTOBUF, timeout=30)
+        time.sleep(1)
+        refused = httpx.post(f"{collector.url}/v1/traces", content=quick_body, headers=PROTOBUF)
+        release.set()
+        assert slow.result().status_code == 200
+    assert refused.status_code == 503 and refused.headers["Retry-After"]
+    assert "bytes of requests are being read" in Status.FromString(refused.content).message
+    assert httpx.post(f"{collector.url}/v1/traces", content=quick_body, headers=PROTOBUF).status_code == 200
+    assert slow_ids | quick_ids <= stored_ids(db_url)
