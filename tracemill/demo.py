@@ -5,6 +5,7 @@ prints what the verifier found in the store, and measures the deterministic revi
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import time
@@ -17,6 +18,12 @@ PROFILES = ("llama3.1-8b", "gemma3-27b", "qwen3")
 
 def _tracemill(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "tracemill.cli", *args], check=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
@@ -37,9 +44,9 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0
 @click.command()
 @click.option("--db", "db_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("tracemill-demo.db"),
               show_default=True, help="SQLite file for the demo's store (replaced on each run).")
-@click.option("--port", type=int, default=4318, show_default=True, help="Port for the demo's collector.")
+@click.option("--port", type=int, default=None, help="Port for the demo's collector (default: a free one).")
 @click.option("--traces", type=click.IntRange(1), default=300, show_default=True, help="Episodes per model profile.")
-def demo(db_path: Path, port: int, traces: int) -> None:
+def demo(db_path: Path, port: int | None, traces: int) -> None:
     """Run the loop so far on SQLite and the CPU: collect, verify, measure."""
     from rich.console import Console
 
@@ -48,6 +55,7 @@ def demo(db_path: Path, port: int, traces: int) -> None:
     for suffix in ("", "-wal", "-shm"):
         Path(f"{db_path}{suffix}").unlink(missing_ok=True)
     db_url = f"sqlite:///{db_path}"
+    port = port or _free_port()
     url = f"http://127.0.0.1:{port}"
 
     console.rule(f"1. collector on {db_path.name}")
