@@ -133,6 +133,12 @@ def create_app(engine: Engine, config: CollectorConfig) -> Starlette:
     retry_after = {"Retry-After": str(config.retry_after_seconds)}
     inflight = _InFlight(config.max_inflight_bytes)
 
+    def busy(reason: str, json_body: bool) -> Response:
+        return _status(503, _UNAVAILABLE, f"collector is busy ({reason}); retry later", json_body, retry_after)
+
+    def queue_full(json_body: bool) -> Response:
+        return busy(f"{ingestor.queued_spans} spans are waiting to be written", json_body)
+
     async def traces(request: Request) -> Response:
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         json_body = _is_json(content_type)
@@ -144,13 +150,11 @@ def create_app(engine: Engine, config: CollectorConfig) -> Starlette:
             return _status(415, _INVALID_ARGUMENT, f"Content-Type {content_type or '(none)'!r} is not supported: "
                            "send application/x-protobuf or application/json", json_body)
         if ingestor.full:
-            return _status(503, _UNAVAILABLE, f"collector is busy ({ingestor.queued_spans} spans are waiting to be "
-                           "written); retry later", json_body, retry_after)
+            return queue_full(json_body)
         declared = request.headers.get("content-length", "")
         reserved = min(int(declared), config.max_body_bytes) if declared.isdigit() else config.max_body_bytes
         if not inflight.take(reserved):
-            return _status(503, _UNAVAILABLE, f"collector is busy ({inflight.used} bytes of requests are being read); "
-                           "retry later", json_body, retry_after)
+            return busy(f"{inflight.used} bytes of requests are being read", json_body)
         try:
             decoded = await _decode(request, decoder, json_body)
         finally:
@@ -163,7 +167,7 @@ def create_app(engine: Engine, config: CollectorConfig) -> Starlette:
             try:
                 ingestor.submit(decoded.spans, lambda error: loop.call_soon_threadsafe(_resolve, committed, error))
             except QueueFull as exc:
-                return _status(503, _UNAVAILABLE, f"collector is busy ({exc}); retry later", json_body, retry_after)
+                return busy(str(exc), json_body)
             error = await committed
             if error is not None:
                 return _status(503, _UNAVAILABLE, f"spans could not be stored ({type(error).__name__}); nothing "
@@ -183,6 +187,8 @@ def create_app(engine: Engine, config: CollectorConfig) -> Starlette:
             elif encoding not in ("identity", ""):
                 return _status(415, _INVALID_ARGUMENT, f"Content-Encoding {encoding!r} is not supported: "
                                "send gzip or none", json_body)
+            if ingestor.full:  # filled while the body arrived: refuse before paying for the decoding
+                return queue_full(json_body)
             return decoder(body, limits)
         except _TooLarge as exc:
             return _status(413, _RESOURCE_EXHAUSTED, str(exc), json_body)

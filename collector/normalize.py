@@ -171,6 +171,10 @@ def _decode(value: Any) -> Any:
 def _dumps(value: Any) -> str | None:
     """JSON text of decoded data; None for data nested deeper than the encoder goes."""
     try:
+        return orjson.dumps(value, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
+    except orjson.JSONEncodeError:  # integers over 64 bits, nesting past orjson's limit: the stdlib may still manage
+        pass
+    try:
         return json.dumps(value, ensure_ascii=False, default=str)
     except RecursionError:
         return None
@@ -226,15 +230,15 @@ def _offered_tools(attrs: dict[str, Any]) -> list[Tool] | None:
 def _tool_list(value: Any) -> list[Tool] | None:
     """A tool list as MCP tools: None when the value is no list or none of its tools can be read."""
     if isinstance(value, str):
-        cached = _tool_list_from_text(value)
-        return None if cached is None else list(cached)
+        return _tool_list_from_text(value)
     return _read_tool_list(value)
 
 
-@lru_cache(maxsize=256)
-def _tool_list_from_text(text: str) -> tuple[Tool, ...] | None:
-    tools = _read_tool_list(_decode(text))
-    return None if tools is None else tuple(tools)
+@lru_cache(maxsize=2048)
+def _tool_list_from_text(text: str) -> list[Tool] | None:
+    """Shared by every span that sends the same definitions (so the writer can know a list it has seen by its
+    identity): never mutate what it returns."""
+    return _read_tool_list(_decode(text))
 
 
 def _read_tool_list(value: Any) -> list[Tool] | None:

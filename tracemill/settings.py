@@ -24,9 +24,9 @@ class Settings(BaseSettings):
     collector_port: int = 4318
     max_body_bytes: int = Field(default=32 * 1024 * 1024, description="requests larger than this get 413")
     max_attribute_bytes: int = Field(default=4 * 1024 * 1024, description="one attribute value larger than this is rejected")
-    ingest_queue_spans: int = Field(default=20_000, description="spans waiting to be committed before 503")
-    ingest_batch_spans: int = Field(default=4_096, description="most spans committed in one transaction")
-    max_inflight_bytes: int = Field(default=64 * 1024 * 1024,
+    ingest_queue_spans: int = Field(default=10_000, description="spans waiting to be committed before 503")
+    ingest_batch_spans: int = Field(default=2_048, description="most spans committed in one transaction")
+    max_inflight_bytes: int = Field(default=16 * 1024 * 1024,
                                     description="request bodies being read and decoded at once before 503")
     retry_after_seconds: int = 1
 
