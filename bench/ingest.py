@@ -42,10 +42,11 @@ from typing import Any
 import orjson
 import psutil
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, InstrumentationScope, KeyValue
+from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
+from tracemill.otlp import key_values
 from tracemill.tools import Tool, load_mcp_bench
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,20 +63,8 @@ MB = 1024 * 1024
 # ---------------------------------------------------------------------------------------------------- span bodies
 
 
-def _any(value: Any) -> AnyValue:
-    if isinstance(value, bool):
-        return AnyValue(bool_value=value)
-    if isinstance(value, int):
-        return AnyValue(int_value=value)
-    if isinstance(value, float):
-        return AnyValue(double_value=value)
-    if isinstance(value, (list, tuple)):
-        return AnyValue(array_value=ArrayValue(values=[_any(v) for v in value]))
-    return AnyValue(string_value=str(value))
-
-
 def _attrs(**kv: Any) -> list[KeyValue]:
-    return [KeyValue(key=k.replace("__", "."), value=_any(v)) for k, v in kv.items()]
+    return key_values({k.replace("__", "."): v for k, v in kv.items()})
 
 
 def _example_value(schema: Any) -> Any:

@@ -15,8 +15,9 @@ from typing import Any
 
 import httpx
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+from tracemill.otlp import key_values
 
 WEATHER_TOOLS = [
     {"type": "function", "function": {
@@ -82,31 +83,13 @@ class CollectorProcess:
         self.proc.wait()
 
 
-def any_value(value: Any) -> AnyValue:
-    if isinstance(value, bool):
-        return AnyValue(bool_value=value)
-    if isinstance(value, int):
-        return AnyValue(int_value=value)
-    if isinstance(value, float):
-        return AnyValue(double_value=value)
-    if isinstance(value, (list, tuple)):
-        out = AnyValue()
-        out.array_value.values.extend(any_value(v) for v in value)
-        return out
-    return AnyValue(string_value=str(value))
-
-
-def attributes(attrs: Mapping[str, Any]) -> list[KeyValue]:
-    return [KeyValue(key=k, value=any_value(v)) for k, v in attrs.items()]
-
-
 def make_span(trace_id: str, span_id: str, name: str, attrs: Mapping[str, Any], parent: str | None = None,
               start_ns: int = 1_700_000_000_000_000_000, status_code: int = 0) -> Span:
     span = Span(trace_id=bytes.fromhex(trace_id), span_id=bytes.fromhex(span_id), name=name,
                 start_time_unix_nano=start_ns, end_time_unix_nano=start_ns + 1_000_000)
     if parent:
         span.parent_span_id = bytes.fromhex(parent)
-    span.attributes.extend(attributes(attrs))
+    span.attributes.extend(key_values(attrs))
     span.status.code = status_code
     return span
 
@@ -114,7 +97,7 @@ def make_span(trace_id: str, span_id: str, name: str, attrs: Mapping[str, Any], 
 def export_request(spans: list[Span], resource: Mapping[str, Any] | None = None) -> bytes:
     request = ExportTraceServiceRequest()
     rs = request.resource_spans.add()
-    rs.resource.attributes.extend(attributes(resource or {"service.name": "test-agent"}))
+    rs.resource.attributes.extend(key_values(resource or {"service.name": "test-agent"}))
     ss = rs.scope_spans.add()
     ss.scope.name = "tests"
     ss.spans.extend(spans)
