@@ -27,10 +27,10 @@ def _open_store(db_url: str | None):  # type: ignore[no-untyped-def]
 @click.option("--host", default=None, help="Interface to listen on (default 127.0.0.1).")
 @click.option("--port", type=int, default=None, help="Port (default 4318, OTLP/HTTP's).")
 @database_option
-@click.option("--workers", type=click.IntRange(1), default=1, show_default=True,
-              help="Processes serving the port; each decodes, verifies and commits on its own.")
+@click.option("--workers", type=click.IntRange(1), default=None,
+              help="Processes serving the port; each decodes, verifies and commits on its own (default 1).")
 @click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]))
-def collector(host: str | None, port: int | None, db_url: str | None, workers: int, log_level: str) -> None:
+def collector(host: str | None, port: int | None, db_url: str | None, workers: int | None, log_level: str) -> None:
     """Run the OTLP/HTTP collector: POST /v1/traces (protobuf or JSON, gzip), GET /healthz.
 
     Every span is committed before it is acknowledged; re-sent spans are stored once. Limits come from
@@ -47,7 +47,8 @@ def collector(host: str | None, port: int | None, db_url: str | None, workers: i
     # Worker processes build the app from the settings; the store URL reaches them the same way.
     os.environ["TRACEMILL_DATABASE_URL"] = url
     get_settings.cache_clear()
-    uvicorn.run("tracemill.collector.app:app_from_settings", factory=True, workers=workers,
+    uvicorn.run("tracemill.collector.app:app_from_settings", factory=True,
+                workers=workers or settings.collector_workers,
                 host=host or settings.collector_host, port=port or settings.collector_port,
                 log_level=log_level, access_log=False, timeout_graceful_shutdown=30)
 

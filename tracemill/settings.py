@@ -22,6 +22,7 @@ class Settings(BaseSettings):
 
     collector_host: str = "127.0.0.1"
     collector_port: int = 4318
+    collector_workers: int = Field(default=1, ge=1, description="collector processes serving the port")
     max_body_bytes: int = Field(default=32 * 1024 * 1024, description="requests larger than this get 413")
     max_attribute_bytes: int = Field(default=4 * 1024 * 1024, description="one attribute value larger than this is rejected")
     ingest_queue_spans: int = Field(default=10_000, description="spans waiting to be committed before 503")
