@@ -102,7 +102,7 @@ def test_dotted_pythonic_names():
 
 @pytest.mark.parametrize("raw", [
     f'{{"name": "calculate_triangle_area", "arguments": {ARGS}',
-    f'{{"name": "calculate_triangle_area", "arguments": {{"base": 10, "height": 5, "unit": "units"',
+    '{"name": "calculate_triangle_area", "arguments": {"base": 10, "height": 5, "unit": "units"',
     "{'name': 'calculate_triangle_area', 'arguments': {'base': 10, 'height': 5, 'unit': 'units'}}",
     '{"name": "calculate_triangle_area", "arguments": {"base": 10, "height": 5, "unit": "units",},}',
     '{"name": "calculate_triangle_area", "arguments": "{\'base\': 10, \'height\': 5, \'unit\': \'units\'}"}',
