@@ -18,7 +18,6 @@ from tracemill.store.tables import PayloadRow, SpanRow, ToolCallRow, ToolExecuti
 from tracemill.tools import Tool, toolset_hash
 from tracemill.verify import Stage, Verdict, parse_call, tool_index, verify
 
-_RESULT_CHARS = 64 * 1024
 _SPANS = SpanRow.__table__
 _TOOLSETS = ToolsetRow.__table__
 _CALLS = ToolCallRow.__table__
@@ -255,5 +254,5 @@ def _execution_row(span: SpanRecord, execution: ExtractedExecution) -> dict[str,
     return {
         "trace_id": span.trace_id, "span_id": span.span_id, "tool_call_id": execution.tool_call_id,
         "tool_name": execution.tool_name, "arguments": execution.arguments, "ok": execution.ok,
-        "error": execution.error, "result": execution.result[:_RESULT_CHARS] if execution.result else None,
+        "error": execution.error, "result": execution.result,  # already cut to normalize.RESULT_LIMIT
     }

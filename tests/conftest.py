@@ -66,7 +66,9 @@ def start_collector(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
             from tracemill.store.engine import make_engine
             from tracemill.store.migrate import upgrade
 
-            upgrade(make_engine(db_url))
+            engine = make_engine(db_url)
+            upgrade(engine)
+            engine.dispose()
         collector = CollectorProcess(db_url, tmp_path, env).start()
         started.append(collector)
         return collector
