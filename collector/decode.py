@@ -41,6 +41,13 @@ class Decoded:
 class Limits:
     max_attribute_bytes: int
 
+    def checked(self, value: str | bytes, where: str) -> Any:
+        if len(value) > self.max_attribute_bytes:
+            unit = "bytes" if isinstance(value, bytes) else "characters"
+            raise PayloadError(f"{where}: attribute value of {len(value)} {unit} is over the limit of "
+                               f"{self.max_attribute_bytes}")
+        return value
+
 
 def _check_span(span: SpanRecord, where: str, out: Decoded) -> None:
     if span.trace_id == _ZERO_TRACE or span.span_id == _ZERO_SPAN:
@@ -58,11 +65,7 @@ def _pb_value(value: Any, limits: Limits, where: str, depth: int = 0) -> Any:
         raise PayloadError(f"{where}: attribute nested deeper than {MAX_DEPTH} levels")
     kind = value.WhichOneof("value")
     if kind == "string_value":
-        text = value.string_value
-        if len(text) > limits.max_attribute_bytes:
-            raise PayloadError(f"{where}: attribute value of {len(text)} characters is over the limit of "
-                               f"{limits.max_attribute_bytes}")
-        return text
+        return limits.checked(value.string_value, where)
     if kind == "int_value":
         return value.int_value
     if kind == "bool_value":
@@ -70,10 +73,7 @@ def _pb_value(value: Any, limits: Limits, where: str, depth: int = 0) -> Any:
     if kind == "double_value":
         return value.double_value
     if kind == "bytes_value":
-        if len(value.bytes_value) > limits.max_attribute_bytes:
-            raise PayloadError(f"{where}: attribute value of {len(value.bytes_value)} bytes is over the limit of "
-                               f"{limits.max_attribute_bytes}")
-        return base64.b64encode(value.bytes_value).decode()
+        return base64.b64encode(limits.checked(value.bytes_value, where)).decode()
     if kind == "array_value":
         return [_pb_value(v, limits, f"{where}[{i}]", depth + 1) for i, v in enumerate(value.array_value.values)]
     if kind == "kvlist_value":
@@ -206,11 +206,7 @@ def _json_value(value: Any, limits: Limits, where: str, depth: int = 0) -> Any:
         raise PayloadError(f"{where}: an AnyValue holds exactly one of stringValue, intValue, ..., got {sorted(value)}")
     (kind, inner), = value.items()
     if kind in ("stringValue", "string_value"):
-        text = _expect(inner, str, where, "a string")
-        if len(text) > limits.max_attribute_bytes:
-            raise PayloadError(f"{where}: attribute value of {len(text)} characters is over the limit of "
-                               f"{limits.max_attribute_bytes}")
-        return text
+        return limits.checked(_expect(inner, str, where, "a string"), where)
     if kind in ("intValue", "int_value"):
         return _json_int(inner, where)
     if kind in ("boolValue", "bool_value"):
@@ -220,10 +216,7 @@ def _json_value(value: Any, limits: Limits, where: str, depth: int = 0) -> Any:
             return float(inner)
         return float(_expect(inner, (int, float), where, "a number"))
     if kind in ("bytesValue", "bytes_value"):
-        text = _expect(inner, str, where, "base64 text")
-        if len(text) > limits.max_attribute_bytes:
-            raise PayloadError(f"{where}: attribute value of {len(text)} characters is over the limit")
-        return text
+        return limits.checked(_expect(inner, str, where, "base64 text"), where)
     if kind in ("arrayValue", "array_value"):
         values = _expect(_expect(inner, dict, where, "an object").get("values", []), list, where, "a list")
         return [_json_value(v, limits, f"{where}[{i}]", depth + 1) for i, v in enumerate(values)]
