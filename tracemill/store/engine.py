@@ -29,6 +29,14 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyp
     cursor.close()
 
 
+def _sqlite_writer_pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+    cursor = dbapi_connection.cursor()
+    # Checkpoints are a `sqlite_writer.Checkpointer`'s job; the WAL file is cut back to 64 MB after one.
+    cursor.execute("PRAGMA wal_autocheckpoint=0")
+    cursor.execute("PRAGMA journal_size_limit=67108864")
+    cursor.close()
+
+
 def _json_dumps(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
 
@@ -39,7 +47,8 @@ def insert_ignoring_duplicates(table: Table, dialect: str) -> Insert:
     return module.insert(table).on_conflict_do_nothing()
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, writer: bool = False) -> Engine:
+    """`writer`: for a process that writes continuously (the collector) and checkpoints a SQLite WAL itself."""
     try:
         parsed = make_url(url)
     except Exception as exc:
@@ -48,5 +57,7 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(parsed, connect_args={"check_same_thread": False, "timeout": 60},
                                json_serializer=_json_dumps)
         event.listen(engine, "connect", _sqlite_pragmas)
+        if writer:
+            event.listen(engine, "connect", _sqlite_writer_pragmas)
         return engine
     return create_engine(parsed, pool_pre_ping=True, json_serializer=_json_dumps)

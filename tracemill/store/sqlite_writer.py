@@ -1,0 +1,117 @@
+"""What a SQLite store needs to take writes from several collector processes at once.
+
+- `WriteLock`: writers take turns through an advisory lock on a file next to the database. SQLite's own lock is
+  waited for by sleeping and polling (1, 2, 5 … 100 ms), so a process that finds it taken sleeps long after it was
+  released; a blocked `flock` wakes as soon as the holder lets go, and waits without holding the GIL.
+- `Checkpointer`: a thread that copies the WAL back into the database file. SQLite otherwise does this inside the
+  commit that crosses its threshold, and that commit then waits for the copy and its fsyncs while holding the
+  write lock. Writers open their connections with `PRAGMA wal_autocheckpoint=0` (`make_engine(..., writer=True)`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # Windows: SQLite's own lock alone
+    fcntl = None  # type: ignore[assignment]
+
+from sqlalchemy import Engine
+
+log = logging.getLogger("tracemill.store")
+
+
+def database_path(engine: Engine) -> Path | None:
+    """The file of a SQLite store; None for other stores and in-memory SQLite."""
+    if engine.dialect.name != "sqlite":
+        return None
+    database = engine.url.database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    return Path(database).resolve()
+
+
+class WriteLock:
+    """A lock shared by every process writing to one SQLite file (held by one thread of a process at a time)."""
+
+    def __init__(self, database: Path | None) -> None:
+        self._threads = threading.Lock()
+        self._fd: int | None = None
+        if database is not None and fcntl is not None:
+            self._fd = os.open(f"{database}-tracemill-write.lock", os.O_RDWR | os.O_CREAT, 0o644)
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        with self._threads:
+            if self._fd is None:
+                yield
+                return
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class Checkpointer(threading.Thread):
+    """Copies the WAL into the database file, mostly while writers go on.
+
+    Every `interval_s` it runs `PRAGMA wal_checkpoint(PASSIVE)` without the write lock: pages are copied and synced
+    while the writers commit. A WAL only starts again from its beginning when a writer finds it wholly copied, which a
+    busy writer never lets happen; so once the WAL holds `restart_bytes`, one checkpoint runs holding `lock` (it only
+    has the last few commits' pages left to copy) and the next commit starts the WAL afresh."""
+
+    def __init__(self, database: Path, lock: WriteLock, interval_s: float = 0.2,
+                 restart_bytes: int = 32 * 1024 * 1024) -> None:
+        super().__init__(name="tracemill-checkpoint", daemon=True)
+        self.database = database
+        self.lock = lock
+        self.interval_s = interval_s
+        self.restart_bytes = restart_bytes
+        self._stopping = threading.Event()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.join()
+
+    def run(self) -> None:
+        try:
+            conn = sqlite3.connect(self.database, timeout=0, check_same_thread=False, isolation_level=None)
+        except sqlite3.Error:
+            log.exception("no WAL checkpoints: the WAL file grows until the collector restarts")
+            return
+        try:
+            page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+            while not self._stopping.wait(self.interval_s):
+                frames = _checkpoint(conn)
+                if frames * page_size >= self.restart_bytes:
+                    with self.lock.held():
+                        _checkpoint(conn)
+            with self.lock.held():
+                _checkpoint(conn)
+        except sqlite3.Error:
+            log.exception("WAL checkpoints stopped: the WAL file grows until the collector restarts")
+        finally:
+            conn.close()
+
+
+def _checkpoint(conn: sqlite3.Connection) -> int:
+    """Copies what it can; returns the frames in the WAL (0 when another connection was checkpointing)."""
+    try:
+        _busy, frames, _copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    except sqlite3.OperationalError as exc:  # another process's checkpointer has its turn
+        log.debug("checkpoint skipped: %s", exc)
+        return 0
+    return int(frames)
