@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 from google.protobuf.message import DecodeError
@@ -81,25 +81,24 @@ def _pb_value(value: Any, limits: Limits, where: str, depth: int = 0) -> Any:
     return None
 
 
-def _pb_attributes(attributes: Any, limits: Limits, where: str) -> dict[str, Any]:
+def _pb_attributes(attributes: Any, limits: Limits, where: str, field: str) -> dict[str, Any]:
+    """`where` + `field` locate the attributes; the location is only built for an error (this is the hot loop)."""
     if len(attributes) > MAX_ATTRIBUTES:
-        raise PayloadError(f"{where}: {len(attributes)} attributes, more than the limit of {MAX_ATTRIBUTES}")
+        raise PayloadError(f"{where}{field}: {len(attributes)} attributes, more than the limit of {MAX_ATTRIBUTES}")
     out: dict[str, Any] = {}
+    limit = limits.max_attribute_bytes
     for kv in attributes:
         value = kv.value
-        if value.WhichOneof("value") == "string_value" and len(value.string_value) <= limits.max_attribute_bytes:
-            out[kv.key] = value.string_value  # most attributes: no need to build their location
+        if value.WhichOneof("value") == "string_value":
+            text = value.string_value
+            out[kv.key] = text if len(text) <= limit else limits.checked(text, f"{where}{field}[{kv.key!r}]")
         else:
-            out[kv.key] = _pb_value(value, limits, f"{where}[{kv.key!r}]")
+            out[kv.key] = _pb_value(value, limits, f"{where}{field}[{kv.key!r}]")
     return out
 
 
-def _pb_id(raw: bytes, size: int, where: str, optional: bool = False) -> str | None:
-    if not raw and optional:
-        return None
-    if len(raw) != size:
-        raise PayloadError(f"{where}: must be {size} bytes, got {len(raw)}")
-    return raw.hex()
+def _bad_id(raw: bytes, size: int, where: str, field: str) -> NoReturn:
+    raise PayloadError(f"{where}{field}: must be {size} bytes, got {len(raw)}")
 
 
 def decode_protobuf(body: bytes, limits: Limits) -> Decoded:
@@ -109,35 +108,38 @@ def decode_protobuf(body: bytes, limits: Limits) -> Decoded:
         raise PayloadError(f"body is not a protobuf ExportTraceServiceRequest: {exc}") from exc
     out = Decoded()
     for i, resource_spans in enumerate(request.resource_spans):
-        resource = _pb_attributes(resource_spans.resource.attributes, limits, f"resourceSpans[{i}].resource.attributes")
+        resource = _pb_attributes(resource_spans.resource.attributes, limits, f"resourceSpans[{i}]",
+                                  ".resource.attributes")
         for j, scope_spans in enumerate(resource_spans.scope_spans):
             scope = scope_spans.scope
             for k, span in enumerate(scope_spans.spans):
                 where = f"resourceSpans[{i}].scopeSpans[{j}].spans[{k}]"
+                trace_id, span_id, parent = span.trace_id, span.span_id, span.parent_span_id
                 record = SpanRecord(
-                    trace_id=_pb_id(span.trace_id, 16, f"{where}.traceId") or "",
-                    span_id=_pb_id(span.span_id, 8, f"{where}.spanId") or "",
-                    parent_span_id=_pb_id(span.parent_span_id, 8, f"{where}.parentSpanId", optional=True),
+                    trace_id=trace_id.hex() if len(trace_id) == 16 else _bad_id(trace_id, 16, where, ".traceId"),
+                    span_id=span_id.hex() if len(span_id) == 8 else _bad_id(span_id, 8, where, ".spanId"),
+                    parent_span_id=(parent.hex() if len(parent) == 8
+                                    else _bad_id(parent, 8, where, ".parentSpanId") if parent else None),
                     name=span.name,
                     kind=span.kind,
                     start_time_ns=span.start_time_unix_nano,
                     end_time_ns=span.end_time_unix_nano,
                     status_code=span.status.code,
                     status_message=span.status.message,
-                    attributes=_pb_attributes(span.attributes, limits, f"{where}.attributes"),
+                    attributes=_pb_attributes(span.attributes, limits, where, ".attributes"),
                     resource=resource,
                     scope_name=scope.name,
                     scope_version=scope.version,
                     events=[
                         {"name": e.name, "time_ns": e.time_unix_nano,
-                         "attributes": _pb_attributes(e.attributes, limits, f"{where}.events[{n}].attributes")}
+                         "attributes": _pb_attributes(e.attributes, limits, where, f".events[{n}].attributes")}
                         for n, e in enumerate(span.events)
-                    ],
+                    ] if span.events else [],
                     links=[
                         {"trace_id": link.trace_id.hex(), "span_id": link.span_id.hex(),
-                         "attributes": _pb_attributes(link.attributes, limits, f"{where}.links[{n}].attributes")}
+                         "attributes": _pb_attributes(link.attributes, limits, where, f".links[{n}].attributes")}
                         for n, link in enumerate(span.links)
-                    ],
+                    ] if span.links else [],
                 )
                 _check_span(record, where, out)
     return out

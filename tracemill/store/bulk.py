@@ -1,5 +1,9 @@
 """Fast multi-row INSERT that skips rows already stored. The statement is compiled once per table and dialect, and
-rows go straight to the driver's executemany: the per-row work of the ORM is what limits ingest otherwise."""
+rows go straight to the driver: the per-row work of the ORM is what limits ingest otherwise.
+
+On SQLite, rows go many to a statement (`INSERT … VALUES (…), (…), …`) rather than through executemany, which
+releases and retakes the GIL around every row: with another thread busy decoding, each retake can wait for that
+thread's switch interval."""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ from sqlalchemy import Connection, Dialect, Table
 
 from tracemill.store.engine import insert_ignoring_duplicates
 
+_SQLITE_MAX_VARIABLES = 32766  # SQLite's bound on ? parameters in one statement since 3.32
+
 
 class BulkInsert:
     def __init__(self, table: Table, dialect: Dialect) -> None:
@@ -19,22 +25,57 @@ class BulkInsert:
         self.sql = str(compiled)
         self.positional = bool(compiled.positional)
         self.keys: Sequence[str] = list(compiled.positiontup or []) if self.positional else [c.key for c in columns]
-        self.processors: list[tuple[str, Callable[[Any], Any]]] = []
-        for column in columns:
-            processor = column.type.dialect_impl(dialect).bind_processor(dialect)
-            if processor is not None:
-                self.processors.append((column.key, processor))
+        processors = {c.key: c.type.dialect_impl(dialect).bind_processor(dialect) for c in columns}
+        self.columns: list[tuple[str, Callable[[Any], Any] | None]] = [(key, processors[key]) for key in self.keys]
+        self._values: tuple[str, str, str] | None = None  # SQLite: the statement around its one VALUES group
+        if dialect.name == "sqlite":
+            group = "(" + ", ".join("?" * len(self.keys)) + ")"
+            head, found, tail = self.sql.partition(f" VALUES {group}")
+            if not found:
+                raise RuntimeError(f"unexpected INSERT for {table.name}: {self.sql}")
+            self._values = (head, group, tail)
+            self.rows_per_statement = max(1, min(500, _SQLITE_MAX_VARIABLES // len(self.keys)))
+        self._statements: dict[int, str] = {}
+
+    def params(self, rows: list[dict[str, Any]]) -> list[tuple[Any, ...]] | list[dict[str, Any]]:
+        """The driver's parameters for the rows; the rows themselves are left as they are. A value that is the very
+        object the row before held (a batch's one timestamp, a request's one resource) is converted once."""
+        columns = self.columns
+        last: list[tuple[Any, Any]] = [(None, None)] * len(columns)
+        out: list[Any] = []
+        for row in rows:
+            values = []
+            for n, (key, processor) in enumerate(columns):
+                value = row[key]
+                if processor is not None and value is not None:
+                    before, converted = last[n]
+                    if value is not before:
+                        converted = processor(value)
+                        last[n] = (value, converted)
+                    value = converted
+                values.append(value)
+            out.append(tuple(values) if self.positional else dict(zip(self.keys, values)))
+        return out
 
     def execute(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
-        if not rows:
+        self.execute_params(conn, self.params(rows))
+
+    def execute_params(self, conn: Connection, params: list[Any]) -> None:
+        """Insert rows already converted by `params`."""
+        if not params:
             return
-        for row in rows:
-            for key, processor in self.processors:
-                value = row[key]
-                if value is not None:
-                    row[key] = processor(value)
-        if self.positional:
-            keys = self.keys
-            conn.exec_driver_sql(self.sql, [tuple(row[k] for k in keys) for row in rows])
-        else:
-            conn.exec_driver_sql(self.sql, rows)
+        if self._values is None:
+            conn.exec_driver_sql(self.sql, params)
+            return
+        step = self.rows_per_statement
+        for start in range(0, len(params), step):
+            chunk = params[start:start + step]
+            conn.exec_driver_sql(self._statement(len(chunk)), tuple(v for row in chunk for v in row))
+
+    def _statement(self, rows: int) -> str:
+        sql = self._statements.get(rows)
+        if sql is None:
+            assert self._values is not None
+            head, group, tail = self._values
+            sql = self._statements[rows] = f"{head} VALUES {', '.join([group] * rows)}{tail}"
+        return sql
