@@ -80,7 +80,6 @@ class ToolCallRow(Base):
     __tablename__ = "tool_calls"
     __table_args__ = (
         UniqueConstraint("trace_id", "span_id", "call_index", name="uq_tool_calls_span_index"),
-        Index("ix_tool_calls_trace_call", "trace_id", "tool_call_id"),
         Index("ix_tool_calls_model", "model"),
         Index("ix_tool_calls_name", "name"),
     )
@@ -118,7 +117,6 @@ class ToolExecutionRow(Base):
     __tablename__ = "tool_executions"
     __table_args__ = (
         UniqueConstraint("trace_id", "span_id", name="uq_tool_executions_trace_span"),
-        Index("ix_tool_executions_trace_call", "trace_id", "tool_call_id"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
