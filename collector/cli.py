@@ -28,29 +28,25 @@ def _open_store(db_url: str | None):  # type: ignore[no-untyped-def]
 @click.option("--port", type=int, default=None, help="Port (default 4318, OTLP/HTTP's).")
 @database_option
 @click.option("--workers", type=click.IntRange(1), default=None,
-              help="Processes serving the port; each decodes, verifies and commits on its own (default 1).")
+              help="Ingest processes: each decodes, verifies and commits whole requests, taking turns to write "
+                   "(default: one per core, up to 8).")
 @click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]))
 def collector(host: str | None, port: int | None, db_url: str | None, workers: int | None, log_level: str) -> None:
     """Run the OTLP/HTTP collector: POST /v1/traces (protobuf or JSON, gzip), GET /healthz.
 
     Every span is committed before it is acknowledged; re-sent spans are stored once. Limits come from
     TRACEMILL_MAX_BODY_BYTES, TRACEMILL_MAX_ATTRIBUTE_BYTES, TRACEMILL_INGEST_QUEUE_SPANS."""
-    import os
-
     import uvicorn
 
+    from tracemill.collector.app import app_from_settings
     from tracemill.settings import get_settings
 
     settings = get_settings()
     url = resolve_db(db_url)
     _open_store(url).dispose()
-    # Worker processes build the app from the settings; the store URL reaches them the same way.
-    os.environ["TRACEMILL_DATABASE_URL"] = url
-    get_settings.cache_clear()
-    uvicorn.run("tracemill.collector.app:app_from_settings", factory=True,
-                workers=workers or settings.collector_workers,
-                host=host or settings.collector_host, port=port or settings.collector_port,
-                log_level=log_level, access_log=False, timeout_graceful_shutdown=30)
+    uvicorn.run(app_from_settings(url, workers), host=host or settings.collector_host,
+                port=port or settings.collector_port, log_level=log_level, access_log=False,
+                timeout_graceful_shutdown=30)
 
 
 @click.group()

@@ -1,25 +1,24 @@
-"""Bounded, batched ingest. Request handlers submit decoded spans and wait; one writer thread takes everything that
-is waiting, writes it in one transaction (group commit), and only then tells each request that its spans are safe.
-When more spans wait than the queue allows, `submit` refuses at once so the server can answer 503."""
+"""Bounded ingest through a pool of ingest processes (`collector.worker`).
+
+A request first reserves room (`reserve`), before its body is read, so that a collector under overload answers 503
+at once instead of reading bodies it will not keep. Its body then goes to whichever ingest process is free, which
+decodes, verifies and commits it; the request is answered only after that commit. Requests hold their reservation
+until then: the spans being read, waiting for a process or being written stay within `max_queued_spans`."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import multiprocessing
 import threading
-import time
-from collections import deque
-from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
-from sqlalchemy import Engine
-from sqlalchemy.exc import OperationalError
-
-from tracemill.collector.persist import SpanWriter
-from tracemill.collector.spans import SpanRecord
+from tracemill.collector import worker
+from tracemill.collector.worker import NotStored, Stored, WorkerConfig
 
 log = logging.getLogger("tracemill.collector")
-
-Done = Callable[[BaseException | None], None]
 
 
 class QueueFull(Exception):
@@ -27,108 +26,79 @@ class QueueFull(Exception):
 
 
 @dataclass(slots=True)
-class _Job:
-    spans: list[SpanRecord]
-    done: Done
+class Reservation:
+    spans: int  # the room held for the request: an estimate, as its spans are only counted once decoded
+    open: bool = True
 
 
 class Ingestor:
-    def __init__(self, engine: Engine, max_queued_spans: int, max_batch_spans: int) -> None:
-        self.engine = engine
+    def __init__(self, config: WorkerConfig, processes: int, max_queued_spans: int) -> None:
+        self.config = config
+        self.processes = processes
         self.max_queued_spans = max_queued_spans
-        self.max_batch_spans = max_batch_spans
-        self._writer = SpanWriter(engine.dialect)
-        self._jobs: deque[_Job] = deque()
-        self._queued_spans = 0
-        self._cond = threading.Condition()
+        self._held_spans = 0
+        self._typical_request = 512.0  # spans per request, averaged: what a reservation holds (the SDK's batch)
+        self._lock = threading.Lock()
         self._closing = False
-        self._thread = threading.Thread(target=self._run, name="tracemill-writer", daemon=True)
+        self._pool: ProcessPoolExecutor | None = None
 
     @property
     def queued_spans(self) -> int:
-        return self._queued_spans
+        return self._held_spans
 
-    @property
-    def full(self) -> bool:
-        return self._queued_spans >= self.max_queued_spans
+    async def start(self) -> None:
+        """Start every ingest process now, not on the first requests."""
+        self._pool = self._new_pool()
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(*(loop.run_in_executor(self._pool, worker.ready) for _ in range(self.processes)))
 
-    def start(self) -> None:
-        self._thread.start()
+    def close(self) -> None:
+        """Finish what was handed to the ingest processes, then stop them."""
+        self._closing = True
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
 
-    def submit(self, spans: list[SpanRecord], done: Done) -> None:
-        """Queue spans for the next commit; `done(None)` is called once they are committed, `done(error)` if not."""
-        with self._cond:
+    def reserve(self) -> Reservation:
+        """Room for one request's spans, or QueueFull. Give it back with `release` once the request is answered."""
+        with self._lock:
             if self._closing:
                 raise QueueFull("the collector is shutting down")
-            if self._queued_spans and self._queued_spans + len(spans) > self.max_queued_spans:
-                raise QueueFull(f"{self._queued_spans} spans are waiting to be written")
-            self._jobs.append(_Job(spans, done))
-            self._queued_spans += len(spans)
-            self._cond.notify()
+            estimate = max(1, min(round(self._typical_request), self.max_queued_spans))
+            if self._held_spans and self._held_spans + estimate > self.max_queued_spans:
+                raise QueueFull(f"{self._held_spans} spans are waiting to be written")
+            self._held_spans += estimate
+            return Reservation(estimate)
 
-    def close(self, timeout: float = 30.0) -> None:
-        """Write what is queued, then stop."""
-        with self._cond:
-            self._closing = True
-            self._cond.notify()
-        self._thread.join(timeout)
+    def release(self, reservation: Reservation) -> None:
+        with self._lock:
+            if reservation.open:
+                reservation.open = False
+                self._held_spans -= reservation.spans
 
-    def _take(self) -> list[_Job] | None:
-        with self._cond:
-            while not self._jobs:
-                if self._closing:
-                    return None
-                self._cond.wait()
-            jobs, count = [], 0
-            while self._jobs and (not jobs or count + len(self._jobs[0].spans) <= self.max_batch_spans):
-                job = self._jobs.popleft()
-                jobs.append(job)
-                count += len(job.spans)
-            return jobs
+    async def ingest(self, body: bytes, content_type: str, gzipped: bool) -> Stored:
+        """Decode, verify and commit a body in an ingest process. Raises what `worker.ingest` raises, and NotStored
+        when an ingest process died (the pool is started afresh for the next requests)."""
+        pool = self._pool
+        if pool is None:
+            raise RuntimeError("Ingestor.start was not awaited")
+        try:
+            stored = await asyncio.get_running_loop().run_in_executor(pool, worker.ingest, body, content_type, gzipped)
+        except BrokenProcessPool as exc:
+            self._replace(pool)
+            raise NotStored(f"an ingest process stopped ({exc})") from None
+        with self._lock:
+            self._typical_request += (stored.spans - self._typical_request) / 8
+        return stored
 
-    def _release(self, jobs: list[_Job]) -> None:
-        with self._cond:
-            self._queued_spans -= sum(len(j.spans) for j in jobs)
-
-    def _run(self) -> None:
-        while (jobs := self._take()) is not None:
-            try:
-                self._commit([s for job in jobs for s in job.spans])
-            except Exception as exc:
-                # One bad request must not fail the others that shared its transaction: retry them one by one.
-                log.warning("batch of %d requests failed (%s); writing them one by one", len(jobs), exc)
-                for job in jobs:
-                    try:
-                        self._commit(job.spans)
-                    except Exception as job_exc:
-                        log.exception("request of %d spans not stored", len(job.spans))
-                        self._finish([job], job_exc)
-                    else:
-                        self._finish([job], None)
-            else:
-                self._finish(jobs, None)
-
-    def _finish(self, jobs: list[_Job], error: BaseException | None) -> None:
-        self._release(jobs)
-        for job in jobs:
-            try:
-                job.done(error)
-            except Exception:
-                log.exception("request callback failed")
-
-    def _commit(self, spans: list[SpanRecord]) -> None:
-        for attempt in range(5):
-            try:
-                with self.engine.begin() as conn:
-                    self._writer.write(conn, spans)
-            except OperationalError as exc:
-                self._writer.rolled_back()
-                if attempt == 4 or "locked" not in str(exc).lower():
-                    raise
-                time.sleep(0.2 * (attempt + 1))
-            except BaseException:
-                self._writer.rolled_back()
-                raise
-            else:
-                self._writer.committed()
+    def _replace(self, broken: ProcessPoolExecutor) -> None:
+        with self._lock:
+            if self._pool is not broken or self._closing:
                 return
+            log.error("an ingest process stopped; starting them afresh")
+            self._pool = self._new_pool()
+        broken.shutdown(wait=False, cancel_futures=True)
+
+    def _new_pool(self) -> ProcessPoolExecutor:
+        # spawn, not fork: the HTTP process has threads (the event loop's executor), which a fork would copy mid-state.
+        return ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=worker.start, initargs=(self.config,))

@@ -1,4 +1,8 @@
-"""Turning decoded spans into rows: spans, toolsets, verified tool calls and tool executions, in one transaction."""
+"""Turning decoded spans into rows: spans, toolsets, verified tool calls and tool executions, in one transaction.
+
+Writing is two steps so that the store's write lock is held as briefly as possible: `prepare` does everything that
+needs no database (extraction, verification, building rows) and `write` does the rest inside the transaction (the
+toolset ids, what earlier batches stored, the inserts)."""
 
 from __future__ import annotations
 
@@ -49,12 +53,31 @@ class _Bounded(OrderedDict[Any, Any]):
 
 @dataclass(slots=True)
 class _Toolset:
-    id: int
+    digest: str
+    tools: list[Tool]
     index: dict[str, Tool]
 
 
+@dataclass(slots=True)
+class Prepared:
+    """A batch's rows, built before its transaction (spans, payloads and executions already as the driver's parameters:
+    converting them is most of the Python work of a write); `write` may run more than once on it (a retried
+    transaction)."""
+
+    span_params: list[Any]
+    payload_params: list[Any]
+    payload_digests: list[str]
+    execution_params: list[Any]
+    calls: list[dict[str, Any]]
+    call_toolsets: list[_Toolset | None]  # the toolset of each of `calls`, whose id `write` fills in
+    executions: list[dict[str, Any]]
+    in_batch: dict[tuple[str, str], dict[str, Any]]  # (trace, tool call id) -> this batch's execution row
+    first_span: dict[tuple[str, str], str]  # (trace, tool call id) -> the first span of this batch showing the call
+
+
 class SpanWriter:
-    """Writes batches of spans. Holds caches (toolsets, the tools each recent trace was offered); one per writer."""
+    """Prepares and writes batches of spans. Holds caches (toolsets, payloads known to be stored, the tools each recent
+    trace was offered): one per writer thread."""
 
     def __init__(self, dialect: Dialect) -> None:
         self.dialect = dialect.name
@@ -64,18 +87,18 @@ class SpanWriter:
         self._insert_payloads = BulkInsert(_PAYLOADS, dialect)
         self._payloads: _Bounded = _Bounded(16384)  # digests known to be stored
         self._new_payloads: set[str] = set()
-        self._toolsets: _Bounded = _Bounded(4096)
-        self._new_toolsets: dict[str, _Toolset] = {}  # inserted by the open transaction; cached once it commits
+        self._toolsets: _Bounded = _Bounded(4096)  # digest -> _Toolset
+        self._toolset_ids: _Bounded = _Bounded(4096)  # digest -> id, once committed
+        self._new_toolset_ids: dict[str, int] = {}  # inserted by the open transaction
         self._digests: _Bounded = _Bounded(4096)  # id(tool list) -> (the list, its hash): spans share decoded lists
         self._trace_tools: _Bounded = _Bounded(65536)
 
-    def write(self, conn: Connection, spans: list[SpanRecord]) -> None:
+    def prepare(self, spans: list[SpanRecord]) -> Prepared:
         now = utcnow()
-        span_rows: list[dict[str, Any]] = []
-        call_rows: list[dict[str, Any]] = []
-        execution_rows: list[dict[str, Any]] = []
-        extracted: list[tuple[SpanRecord, Extracted]] = []
+        batch = Prepared([], [], [], [], [], [], [], {}, {})
         payload_rows: dict[str, dict[str, Any]] = {}
+        extracted: list[tuple[SpanRecord, Extracted]] = []
+        span_rows = []
         for span in spans:
             span_rows.append(self._span_row(span, now, payload_rows))
             found = extract(span)
@@ -83,39 +106,52 @@ class SpanWriter:
                 extracted.append((span, found))
                 if found.offered_tools:
                     self._trace_tools.put(span.trace_id, found.offered_tools)
-
-        executions = {(span.trace_id, e.tool_call_id): (span, e)
-                      for span, found in extracted for e in found.executions if e.tool_call_id}
-        seen: dict[tuple[str, str], str] = {}
+        for span, found in extracted:
+            for execution in found.executions:
+                row = _execution_row(span, execution)
+                batch.executions.append(row)
+                if execution.tool_call_id:
+                    batch.in_batch[(span.trace_id, execution.tool_call_id)] = row
         for span, found in extracted:
             for call in found.calls:
                 if call.tool_call_id:
                     key = (span.trace_id, call.tool_call_id)
-                    if seen.setdefault(key, span.span_id) != span.span_id:
+                    if batch.first_span.setdefault(key, span.span_id) != span.span_id:
                         continue
-                call_rows.append(self._call_row(conn, span, found, call, now))
-            for execution in found.executions:
-                execution_rows.append(_execution_row(span, execution))
-        if seen:
-            call_rows = _drop_stored_repeats(conn, call_rows, seen)
-        linked = self._link_executions(conn, call_rows, executions)
+                row, toolset = self._call_row(span, found, call, now)
+                batch.calls.append(row)
+                batch.call_toolsets.append(toolset)
+        batch.span_params = self._insert_spans.params(span_rows)
+        batch.payload_params = self._insert_payloads.params(list(payload_rows.values()))
+        batch.payload_digests = list(payload_rows)
+        batch.execution_params = self._insert_executions.params(batch.executions)
+        return batch
 
-        self._insert_payloads.execute(conn, list(payload_rows.values()))
-        self._new_payloads.update(payload_rows)
-        self._insert_spans.execute(conn, span_rows)
-        self._insert_calls.execute(conn, call_rows)
+    def write(self, conn: Connection, batch: Prepared) -> None:
+        calls = []
+        for row, toolset in zip(batch.calls, batch.call_toolsets):
+            calls.append({**row, "toolset_id": self._toolset_id(conn, toolset) if toolset else None})
+        if batch.first_span:
+            calls = _drop_stored_repeats(conn, calls, batch.first_span)
+        linked = _link_executions(conn, calls, batch.in_batch)
+
+        self._insert_payloads.execute_params(conn, batch.payload_params)
+        self._new_payloads.update(batch.payload_digests)
+        self._insert_spans.execute_params(conn, batch.span_params)
+        self._insert_calls.execute(conn, calls)
         # An execution whose call is not in this batch may belong to a call stored earlier.
         links = [{"t": r["trace_id"], "c": r["tool_call_id"], "s": "success" if r["ok"] else "error",
                   "e": r["error"], "r": r["result"], "x": r["span_id"]}
-                 for r in execution_rows if r["tool_call_id"] and (r["trace_id"], r["tool_call_id"]) not in linked]
-        self._insert_executions.execute(conn, execution_rows)
+                 for r in batch.executions
+                 if r["tool_call_id"] and (r["trace_id"], r["tool_call_id"]) not in linked]
+        self._insert_executions.execute_params(conn, batch.execution_params)
         if links:
             conn.execute(_LINK_EXECUTION, links)
 
-    def _call_row(self, conn: Connection, span: SpanRecord, found: Extracted, call: ExtractedCall,
-                  now: Any) -> dict[str, Any]:
+    def _call_row(self, span: SpanRecord, found: Extracted, call: ExtractedCall,
+                  now: Any) -> tuple[dict[str, Any], _Toolset | None]:
         tools = call.tools if call.tools is not None else self._trace_tools.get(span.trace_id)
-        toolset = self._toolset(conn, tools) if tools is not None else None
+        toolset = self._toolset(tools) if tools is not None else None
         verdict = _verdict(call, toolset)
         tool = verdict.tool
         name_valid: bool | None = verdict.name_valid if toolset else None
@@ -131,7 +167,7 @@ class SpanWriter:
             "tool_call_id": call.tool_call_id, "raw": call.raw,
             "name": verdict.call.name if verdict.call else call.name,
             "arguments": verdict.call.arguments if verdict.call else None,
-            "toolset_id": toolset.id if toolset else None,
+            "toolset_id": None,
             "parsed": verdict.parsed,
             "name_valid": name_valid,
             "schema_valid": schema_valid,
@@ -141,35 +177,41 @@ class SpanWriter:
             "model": call.model, "harness_version": found.harness_version,
             "domain": found.domain or classify_domain(tool, call.name),
             "repairs_id": None, "start_time_ns": span.start_time_ns, "created_at": now,
-        }
+        }, toolset
 
-    def _toolset(self, conn: Connection, tools: list[Tool]) -> _Toolset:
+    def _toolset(self, tools: list[Tool]) -> _Toolset:
         known = self._digests.get(id(tools))
         if known is not None and known[0] is tools:
             digest = known[1]
         else:
             digest = toolset_hash(tools)
             self._digests.put(id(tools), (tools, digest))
-        cached = self._toolsets.get(digest) or self._new_toolsets.get(digest)
-        if cached is None:
+        toolset = self._toolsets.get(digest)
+        if toolset is None:
+            toolset = _Toolset(digest, tools, tool_index(tools))
+            self._toolsets.put(digest, toolset)
+        return toolset
+
+    def _toolset_id(self, conn: Connection, toolset: _Toolset) -> int:
+        known = self._toolset_ids.get(toolset.digest) or self._new_toolset_ids.get(toolset.digest)
+        if known is None:
             conn.execute(insert_ignoring_duplicates(_TOOLSETS, self.dialect),
-                         [{"hash": digest, "tools": [t.to_mcp() for t in tools], "tool_count": len(tools),
-                           "created_at": utcnow()}])
-            toolset_id = conn.execute(select(_TOOLSETS.c.id).where(_TOOLSETS.c.hash == digest)).scalar_one()
-            cached = _Toolset(toolset_id, tool_index(tools))
-            self._new_toolsets[digest] = cached
-        return cached
+                         [{"hash": toolset.digest, "tools": [t.to_mcp() for t in toolset.tools],
+                           "tool_count": len(toolset.tools), "created_at": utcnow()}])
+            known = conn.execute(select(_TOOLSETS.c.id).where(_TOOLSETS.c.hash == toolset.digest)).scalar_one()
+            self._new_toolset_ids[toolset.digest] = known
+        return known
 
     def committed(self) -> None:
-        for digest, toolset in self._new_toolsets.items():
-            self._toolsets.put(digest, toolset)
+        for digest, toolset_id in self._new_toolset_ids.items():
+            self._toolset_ids.put(digest, toolset_id)
         for digest in self._new_payloads:
             self._payloads.put(digest, True)
-        self._new_toolsets.clear()
+        self._new_toolset_ids.clear()
         self._new_payloads.clear()
 
     def rolled_back(self) -> None:
-        self._new_toolsets.clear()
+        self._new_toolset_ids.clear()
         self._new_payloads.clear()
 
     def _span_row(self, span: SpanRecord, now: Any, payload_rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -192,36 +234,36 @@ class SpanWriter:
             "received_at": now,
         }
 
-    def _link_executions(self, conn: Connection, call_rows: list[dict[str, Any]],
-                         in_batch: dict[tuple[str, str], tuple[SpanRecord, ExtractedExecution]]
-                         ) -> set[tuple[str, str]]:
-        """Attach to each new call its execution: from this batch, else one stored before the call arrived.
-        Returns the (trace, tool call id) keys of this batch's executions that found their call here."""
-        linked: set[tuple[str, str]] = set()
-        missing: list[dict[str, Any]] = []
-        for row in call_rows:
-            if not row["tool_call_id"]:
-                continue
-            key = (row["trace_id"], row["tool_call_id"])
-            hit = in_batch.get(key)
-            if hit is None:
-                missing.append(row)
-            else:
-                linked.add(key)
-                _set_execution(row, hit[0].span_id, hit[1].ok, hit[1].error, hit[1].result)
-        if missing:
-            wanted = {(r["trace_id"], r["tool_call_id"]) for r in missing}
-            stored = conn.execute(
-                select(_EXECUTIONS.c.trace_id, _EXECUTIONS.c.tool_call_id, _EXECUTIONS.c.span_id, _EXECUTIONS.c.ok,
-                       _EXECUTIONS.c.error, _EXECUTIONS.c.result)
-                .where(_EXECUTIONS.c.trace_id.in_({t for t, _ in wanted}))
-            ).all()
-            by_key = {(s.trace_id, s.tool_call_id): s for s in stored if (s.trace_id, s.tool_call_id) in wanted}
-            for row in missing:
-                s = by_key.get((row["trace_id"], row["tool_call_id"]))
-                if s is not None:
-                    _set_execution(row, s.span_id, s.ok, s.error, s.result)
-        return linked
+
+def _link_executions(conn: Connection, calls: list[dict[str, Any]],
+                     in_batch: dict[tuple[str, str], dict[str, Any]]) -> set[tuple[str, str]]:
+    """Attach to each new call its execution: from this batch, else one stored before the call arrived.
+    Returns the (trace, tool call id) keys of this batch's executions that found their call here."""
+    linked: set[tuple[str, str]] = set()
+    missing: list[dict[str, Any]] = []
+    for row in calls:
+        if not row["tool_call_id"]:
+            continue
+        key = (row["trace_id"], row["tool_call_id"])
+        hit = in_batch.get(key)
+        if hit is None:
+            missing.append(row)
+        else:
+            linked.add(key)
+            _set_execution(row, hit["span_id"], hit["ok"], hit["error"], hit["result"])
+    if missing:
+        wanted = {(r["trace_id"], r["tool_call_id"]) for r in missing}
+        stored = conn.execute(
+            select(_EXECUTIONS.c.trace_id, _EXECUTIONS.c.tool_call_id, _EXECUTIONS.c.span_id, _EXECUTIONS.c.ok,
+                   _EXECUTIONS.c.error, _EXECUTIONS.c.result)
+            .where(_EXECUTIONS.c.trace_id.in_({t for t, _ in wanted}))
+        ).all()
+        by_key = {(s.trace_id, s.tool_call_id): s for s in stored if (s.trace_id, s.tool_call_id) in wanted}
+        for row in missing:
+            s = by_key.get((row["trace_id"], row["tool_call_id"]))
+            if s is not None:
+                _set_execution(row, s.span_id, s.ok, s.error, s.result)
+    return linked
 
 
 def _drop_stored_repeats(conn: Connection, rows: list[dict[str, Any]],

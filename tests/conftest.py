@@ -61,7 +61,7 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 def start_collector(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
     started: list[CollectorProcess] = []
 
-    def start(db_url: str, **env: str) -> CollectorProcess:
+    def start(db_url: str, workers: int = 1, **env: str) -> CollectorProcess:
         if not db_url.startswith("sqlite"):
             from tracemill.store.engine import make_engine
             from tracemill.store.migrate import upgrade
@@ -69,7 +69,7 @@ def start_collector(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
             engine = make_engine(db_url)
             upgrade(engine)
             engine.dispose()
-        collector = CollectorProcess(db_url, tmp_path, env).start()
+        collector = CollectorProcess(db_url, tmp_path, env, workers).start()
         started.append(collector)
         return collector
 

@@ -41,8 +41,9 @@ def free_port() -> int:
 class CollectorProcess:
     """`tracemill collector` run as its own process, as a user runs it."""
 
-    def __init__(self, db_url: str, workdir: Path, env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, db_url: str, workdir: Path, env: Mapping[str, str] | None = None, workers: int = 1) -> None:
         self.db_url = db_url
+        self.workers = workers
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = workdir / f"collector-{self.port}.log"
@@ -54,8 +55,8 @@ class CollectorProcess:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "tracemill.cli", "collector", "--port", str(self.port), "--db", self.db_url,
-                 "--log-level", "warning"],
-                cwd=self._workdir, env=self._env, stdout=log, stderr=subprocess.STDOUT,
+                 "--workers", str(self.workers), "--log-level", "warning"],
+                cwd=self._workdir, env=self._env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -74,12 +75,12 @@ class CollectorProcess:
             try:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                self.kill()
 
     def kill(self) -> None:
+        """SIGKILL to the collector and its worker processes, as a crash or an OOM kill of its cgroup does."""
         assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
+        os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
 
 

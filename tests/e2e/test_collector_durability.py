@@ -74,7 +74,8 @@ def test_full_queue_answers_503_and_keeps_what_it_acknowledged(tmp_path, start_c
 
 
 def test_sigkill_under_load_loses_no_acknowledged_span(db_url: str, start_collector) -> None:  # type: ignore[no-untyped-def]
-    collector = start_collector(db_url)
+    # Two worker processes: two writers taking turns, both killed mid-load.
+    collector = start_collector(db_url, workers=2)
     acknowledged: list[set[tuple[str, str]]] = []
     stop = threading.Event()
     counter = iter(range(1_000_000))

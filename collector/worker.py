@@ -1,0 +1,146 @@
+"""An ingest process of the collector. Each one takes whole request bodies from the HTTP process, decodes them,
+extracts and verifies their tool calls, and commits them before answering; the processes take turns for SQLite's
+write lock (`sqlite_writer.WriteLock`) and PostgreSQL lets them write at once.
+
+One thread does all of that, so nothing in the process competes for its GIL: a process that decodes in one thread
+while another writes loses most of the write's time waiting to take the GIL back after each SQLite call.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import logging
+import time
+import zlib
+from dataclasses import dataclass
+
+from sqlalchemy.exc import OperationalError
+
+from tracemill.collector.decode import DECODERS, Limits, PayloadError
+from tracemill.collector.persist import Prepared, SpanWriter
+from tracemill.store.engine import make_engine
+from tracemill.store.sqlite_writer import Checkpointer, WriteLock, database_path
+
+log = logging.getLogger("tracemill.collector")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    database_url: str
+    max_body_bytes: int
+    max_attribute_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """What the HTTP process needs to answer: the spans committed and the ones rejected, with why."""
+
+    spans: int
+    rejected: list[str]
+
+
+class BodyTooLarge(ValueError):
+    pass
+
+
+class NotStored(RuntimeError):
+    """The store refused the write. The message names the kind of error only: the store's own message can quote the
+    statement and its values (and the exception may not pickle); the ingest process logs it whole."""
+
+
+class _Worker:
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self.limits = Limits(max_attribute_bytes=config.max_attribute_bytes)
+        self.engine = make_engine(config.database_url, writer=True)
+        self.writer = SpanWriter(self.engine.dialect)
+        database = database_path(self.engine)
+        self.lock = WriteLock(database)
+        self.checkpointer = Checkpointer(database, self.lock) if database is not None else None
+        if self.checkpointer is not None:
+            self.checkpointer.start()
+
+    def ingest(self, body: bytes, content_type: str, gzipped: bool) -> Stored:
+        if gzipped:
+            body = _gunzip(body, self.config.max_body_bytes)
+        decoded = DECODERS[content_type](body, self.limits)
+        if decoded.spans:
+            batch = self.writer.prepare(decoded.spans)
+            try:
+                self._commit(batch)
+            except Exception as exc:
+                log.exception("request of %d spans not stored", len(decoded.spans))
+                raise NotStored(type(exc).__name__) from None
+        return Stored(len(decoded.spans), decoded.rejected)
+
+    def _commit(self, batch: Prepared) -> None:
+        for attempt in range(5):
+            try:
+                with self.lock.held(), self.engine.begin() as conn:
+                    if self.engine.dialect.name == "sqlite":
+                        # Take SQLite's write lock now: a transaction that has read cannot write after another
+                        # process's commit.
+                        conn.exec_driver_sql("BEGIN IMMEDIATE")
+                    self.writer.write(conn, batch)
+            except OperationalError as exc:
+                self.writer.rolled_back()
+                if attempt == 4 or "locked" not in str(exc).lower():
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+            except BaseException:
+                self.writer.rolled_back()
+                raise
+            else:
+                self.writer.committed()
+                return
+
+    def close(self) -> None:
+        if self.checkpointer is not None and self.checkpointer.is_alive():
+            self.checkpointer.stop()
+        self.lock.close()
+        self.engine.dispose()
+
+
+_worker: _Worker | None = None
+
+
+def start(config: WorkerConfig) -> None:
+    """Process initializer: open the store and tune the collector for what it allocates."""
+    global _worker
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _worker = _Worker(config)
+    atexit.register(_worker.close)
+    # Spans are acyclic (dicts, lists, strings), so the cyclic collector finds nothing in them; at its default
+    # threshold it runs every 700 allocations and walks every span it has not yet promoted: a third of the CPU of
+    # decoding and verifying. Objects from start-up are frozen out of its reach and it runs a hundred times less
+    # often; the few cycles a request makes (exceptions) are still collected.
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(70_000, 10, 10)
+
+
+def ready() -> int:
+    """A task that makes the pool start a process (and waits long enough that the next task needs another)."""
+    time.sleep(0.05)
+    return 0
+
+
+def ingest(body: bytes, content_type: str, gzipped: bool) -> Stored:
+    """Decode, verify and commit one request body. Raises PayloadError (400), BodyTooLarge (413) or NotStored."""
+    if _worker is None:
+        raise RuntimeError("worker.start was not called in this process")
+    return _worker.ingest(body, content_type, gzipped)
+
+
+def _gunzip(body: bytes, limit: int) -> bytes:
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise PayloadError(f"body is not valid gzip: {exc}") from None
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise BodyTooLarge(f"decompressed body is over the limit of {limit} bytes")
+    if not inflater.eof:
+        raise PayloadError("gzip body is truncated")
+    return out
