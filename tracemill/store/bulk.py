@@ -1,18 +1,19 @@
 """Fast multi-row INSERT that skips rows already stored. The statement is compiled once per table and dialect, and
 rows go straight to the driver: the per-row work of the ORM is what limits ingest otherwise.
 
-On SQLite, rows go many to a statement (`INSERT … VALUES (…), (…), …`) rather than through executemany, which
-releases and retakes the GIL around every row: with another thread busy decoding, each retake can wait for that
-thread's switch interval."""
+On SQLite, rows go many to a statement (`INSERT … VALUES (…), (…), …`) rather than through executemany, which costs a
+trip from Python to SQLite (and a release and retake of the GIL) for every row, and JSON columns are encoded straight
+to text, as SQLAlchemy would, without its per-value wrapper."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import chain
 from typing import Any
 
-from sqlalchemy import Connection, Dialect, Table
+from sqlalchemy import JSON, Connection, Dialect, Table
 
-from tracemill.store.engine import insert_ignoring_duplicates
+from tracemill.store.engine import insert_ignoring_duplicates, json_text
 
 _SQLITE_MAX_VARIABLES = 32766  # SQLite's bound on ? parameters in one statement since 3.32
 
@@ -25,7 +26,8 @@ class BulkInsert:
         self.sql = str(compiled)
         self.positional = bool(compiled.positional)
         self.keys: Sequence[str] = list(compiled.positiontup or []) if self.positional else [c.key for c in columns]
-        processors = {c.key: c.type.dialect_impl(dialect).bind_processor(dialect) for c in columns}
+        processors = {c.key: json_text if dialect.name == "sqlite" and isinstance(c.type, JSON)
+                      else c.type.dialect_impl(dialect).bind_processor(dialect) for c in columns}
         self.columns: list[tuple[str, Callable[[Any], Any] | None]] = [(key, processors[key]) for key in self.keys]
         self._values: tuple[str, str, str] | None = None  # SQLite: the statement around its one VALUES group
         if dialect.name == "sqlite":
@@ -70,7 +72,7 @@ class BulkInsert:
         step = self.rows_per_statement
         for start in range(0, len(params), step):
             chunk = params[start:start + step]
-            conn.exec_driver_sql(self._statement(len(chunk)), tuple(v for row in chunk for v in row))
+            conn.exec_driver_sql(self._statement(len(chunk)), tuple(chain.from_iterable(chunk)))
 
     def _statement(self, rows: int) -> str:
         sql = self._statements.get(rows)

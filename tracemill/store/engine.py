@@ -37,7 +37,8 @@ def _sqlite_writer_pragmas(dbapi_connection, _record) -> None:  # type: ignore[n
     cursor.close()
 
 
-def _json_dumps(value: Any) -> str:
+def json_text(value: Any) -> str:
+    """The store's JSON encoding (orjson; non-string keys allowed)."""
     return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
 
 
@@ -55,9 +56,9 @@ def make_engine(url: str, writer: bool = False) -> Engine:
         raise StoreURLError(f"database URL {url!r} is not a valid SQLAlchemy URL: {exc}") from exc
     if parsed.get_backend_name() == "sqlite":
         engine = create_engine(parsed, connect_args={"check_same_thread": False, "timeout": 60},
-                               json_serializer=_json_dumps)
+                               json_serializer=json_text)
         event.listen(engine, "connect", _sqlite_pragmas)
         if writer:
             event.listen(engine, "connect", _sqlite_writer_pragmas)
         return engine
-    return create_engine(parsed, pool_pre_ping=True, json_serializer=_json_dumps)
+    return create_engine(parsed, pool_pre_ping=True, json_serializer=json_text)
