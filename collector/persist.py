@@ -7,7 +7,7 @@ toolset ids, what earlier batches stored, the inserts)."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection, Dialect, bindparam, select, update
@@ -17,7 +17,7 @@ from tracemill.collector.normalize import Extracted, ExtractedCall, ExtractedExe
 from tracemill.collector.spans import SpanRecord
 from tracemill.store.bulk import BulkInsert
 from tracemill.store.engine import insert_ignoring_duplicates
-from tracemill.store.payloads import PAYLOAD_MIN_CHARS, reference
+from tracemill.store.payloads import PAYLOAD_MIN_CHARS, reference, resolve
 from tracemill.store.tables import PayloadRow, SpanRow, ToolCallRow, ToolExecutionRow, ToolsetRow, utcnow
 from tracemill.tools import Tool, toolset_hash
 from tracemill.verify import Stage, Verdict, parse_call, tool_index, verify
@@ -73,6 +73,9 @@ class Prepared:
     executions: list[dict[str, Any]]
     in_batch: dict[tuple[str, str], dict[str, Any]]  # (trace, tool call id) -> this batch's execution row
     first_span: dict[tuple[str, str], str]  # (trace, tool call id) -> the first span of this batch showing the call
+    # Calls whose trace offered no tools in this batch nor, as far as this writer knows, before: `write` looks for
+    # the trace's tools in the store (an earlier request, maybe taken by another ingest process) and verifies again.
+    unresolved: list[tuple[int, SpanRecord, Extracted, ExtractedCall]] = field(default_factory=list)
 
 
 class SpanWriter:
@@ -118,7 +121,10 @@ class SpanWriter:
                     key = (span.trace_id, call.tool_call_id)
                     if batch.first_span.setdefault(key, span.span_id) != span.span_id:
                         continue
-                row, toolset = self._call_row(span, found, call, now)
+                tools = call.tools if call.tools is not None else self._trace_tools.get(span.trace_id)
+                if tools is None:
+                    batch.unresolved.append((len(batch.calls), span, found, call))
+                row, toolset = self._call_row(span, found, call, tools, now)
                 batch.calls.append(row)
                 batch.call_toolsets.append(toolset)
         batch.span_params = self._insert_spans.params(span_rows)
@@ -128,8 +134,16 @@ class SpanWriter:
         return batch
 
     def write(self, conn: Connection, batch: Prepared) -> None:
+        rows, toolsets = list(batch.calls), list(batch.call_toolsets)
+        looked_up: dict[str, list[Tool] | None] = {}
+        for n, span, found, call in batch.unresolved:
+            if span.trace_id not in looked_up:
+                looked_up[span.trace_id] = self._stored_trace_tools(conn, span.trace_id)
+            tools = looked_up[span.trace_id]
+            if tools is not None:
+                rows[n], toolsets[n] = self._call_row(span, found, call, tools, rows[n]["created_at"])
         calls = []
-        for row, toolset in zip(batch.calls, batch.call_toolsets):
+        for row, toolset in zip(rows, toolsets):
             calls.append({**row, "toolset_id": self._toolset_id(conn, toolset) if toolset else None})
         if batch.first_span:
             calls = _drop_stored_repeats(conn, calls, batch.first_span)
@@ -148,9 +162,27 @@ class SpanWriter:
         if links:
             conn.execute(_LINK_EXECUTION, links)
 
-    def _call_row(self, span: SpanRecord, found: Extracted, call: ExtractedCall,
+    def _stored_trace_tools(self, conn: Connection, trace_id: str) -> list[Tool] | None:
+        """The tools last offered in a trace, from its stored spans."""
+        tools = self._trace_tools.get(trace_id)
+        if tools is not None:
+            return tools
+        stored = conn.execute(
+            select(_SPANS.c.span_id, _SPANS.c.name, _SPANS.c.attributes, _SPANS.c.resource, _SPANS.c.events)
+            .where(_SPANS.c.trace_id == trace_id).order_by(_SPANS.c.start_time_ns)
+        ).all()
+        for s in stored:
+            if not isinstance(s.attributes, dict):
+                continue
+            span = SpanRecord(trace_id, s.span_id, None, s.name, 0, 0, 0, 0, "", resolve(conn, s.attributes),
+                              s.resource or {}, events=s.events or [])
+            tools = extract(span).offered_tools or tools
+        if tools is not None:
+            self._trace_tools.put(trace_id, tools)
+        return tools
+
+    def _call_row(self, span: SpanRecord, found: Extracted, call: ExtractedCall, tools: list[Tool] | None,
                   now: Any) -> tuple[dict[str, Any], _Toolset | None]:
-        tools = call.tools if call.tools is not None else self._trace_tools.get(span.trace_id)
         toolset = self._toolset(tools) if tools is not None else None
         verdict = _verdict(call, toolset)
         tool = verdict.tool
