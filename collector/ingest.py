@@ -96,6 +96,8 @@ class Ingestor:
                 return
             log.error("an ingest process stopped; starting them afresh")
             self._pool = self._new_pool()
+            for _ in range(self.processes):
+                self._pool.submit(worker.ready)
         broken.shutdown(wait=False, cancel_futures=True)
 
     def _new_pool(self) -> ProcessPoolExecutor:

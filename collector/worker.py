@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import gc
 import logging
+import signal
 import time
 import zlib
 from dataclasses import dataclass
@@ -108,6 +109,10 @@ _worker: _Worker | None = None
 def start(config: WorkerConfig) -> None:
     """Process initializer: open the store and tune the collector for what it allocates."""
     global _worker
+    # The HTTP process stops the ingest processes when it stops: a Ctrl-C, which the terminal sends to the whole
+    # process group, must not kill them in the middle of the requests it is finishing. (SIGTERM keeps its default:
+    # it is how a broken pool's processes are ended.)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _worker = _Worker(config)
     atexit.register(_worker.close)

@@ -3,12 +3,16 @@ killed with SIGKILL under load has stored every span it acknowledged."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sqlite3
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
+import pytest
 from google.rpc.status_pb2 import Status
 from sqlalchemy import text
 
@@ -135,3 +139,37 @@ def test_bodies_being_read_are_bounded(tmp_path, start_collector) -> None:  # ty
     assert "bytes of requests are being read" in Status.FromString(refused.content).message
     assert httpx.post(f"{collector.url}/v1/traces", content=quick_body, headers=PROTOBUF).status_code == 200
     assert slow_ids | quick_ids <= stored_ids(db_url)
+
+
+def _ingest_processes(collector_pid: int) -> list[int]:
+    """The collector's ingest processes (its children other than multiprocessing's resource tracker)."""
+    children = Path(f"/proc/{collector_pid}/task/{collector_pid}/children").read_text().split()
+    return [int(pid) for pid in children
+            if b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc to find the ingest processes")
+def test_a_killed_ingest_process_is_replaced(tmp_path, start_collector) -> None:  # type: ignore[no-untyped-def]
+    db_url = f"sqlite:///{tmp_path / 'replaced.db'}"
+    collector = start_collector(db_url, workers=2)
+    assert collector.proc is not None
+    victims = _ingest_processes(collector.proc.pid)
+    assert len(victims) == 2
+    os.kill(victims[0], signal.SIGKILL)
+
+    answers = []
+    for n in range(20):
+        body, ids = request_body(1000 + n, 20)
+        response = httpx.post(f"{collector.url}/v1/traces", content=body, headers=PROTOBUF, timeout=30)
+        answers.append((response.status_code, ids))
+        if response.status_code == 503:
+            assert "could not be stored" in Status.FromString(response.content).message
+            time.sleep(0.2)
+    assert {code for code, _ in answers} <= {200, 503}
+    assert [code for code, _ in answers[-5:]] == [200] * 5, "the collector did not recover"
+    stored = stored_ids(db_url)
+    assert all(ids <= stored for code, ids in answers if code == 200)
+    deadline = time.monotonic() + 20
+    while len(_ingest_processes(collector.proc.pid)) != 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(_ingest_processes(collector.proc.pid)) == 2
