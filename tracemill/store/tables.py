@@ -80,8 +80,6 @@ class ToolCallRow(Base):
     __tablename__ = "tool_calls"
     __table_args__ = (
         UniqueConstraint("trace_id", "span_id", "call_index", name="uq_tool_calls_span_index"),
-        Index("ix_tool_calls_model", "model"),
-        Index("ix_tool_calls_name", "name"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
