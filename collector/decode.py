@@ -89,8 +89,8 @@ def _pb_attributes(attributes: Any, limits: Limits, where: str, field: str) -> d
     limit = limits.max_attribute_bytes
     for kv in attributes:
         value = kv.value
-        if value.WhichOneof("value") == "string_value":
-            text = value.string_value
+        text = value.string_value  # "" unless the value is a non-empty string, the common case
+        if text:
             out[kv.key] = text if len(text) <= limit else limits.checked(text, f"{where}{field}[{kv.key!r}]")
         else:
             out[kv.key] = _pb_value(value, limits, f"{where}{field}[{kv.key!r}]")

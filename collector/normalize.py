@@ -96,7 +96,7 @@ class Extracted:
     calls: list[ExtractedCall]
     executions: list[ExtractedExecution]
     offered_tools: list[Tool] | None  # the tool list the span states (request definitions or a tools/list result)
-    harness_version: str | None
+    harness_version: str | None  # this and domain: read for spans with calls only
     domain: str | None
 
 
@@ -122,14 +122,16 @@ def extract(span: SpanRecord) -> Extracted:
         return Extracted([], [], None, None, None)
     if from_events:
         attrs = {**from_events, **attrs}
-    resource = span.resource if isinstance(span.resource, dict) else {}
     tools = _offered_tools(attrs)
     execution = _execution(span, attrs)
     # A tool execution's output is the tool's, not the model's: no calls are read from it.
     calls = _calls(_output_messages(attrs), tools, _first_str(attrs, _MODEL_KEYS)) if execution is None else []
+    if not calls:
+        return Extracted([], [execution] if execution is not None else [], tools, None, None)
+    resource = span.resource if isinstance(span.resource, dict) else {}
     return Extracted(
         calls=calls,
-        executions=[execution] if execution is not None else [],
+        executions=[],
         offered_tools=tools,
         harness_version=_first_str(resource, ("tracemill.harness.version",))
         or _first_str(attrs, ("tracemill.harness.version", "gen_ai.agent.version"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import JSON, Connection, Dialect, Table
@@ -42,20 +43,20 @@ class BulkInsert:
     def params(self, rows: list[dict[str, Any]]) -> list[tuple[Any, ...]] | list[dict[str, Any]]:
         """The driver's parameters for the rows; the rows themselves are left as they are. A value that is the very
         object the row before held (a batch's one timestamp, a request's one resource) is converted once."""
-        columns = self.columns
-        last: list[tuple[Any, Any]] = [(None, None)] * len(columns)
+        pick = itemgetter(*self.keys)
+        converted = [(n, processor) for n, (_, processor) in enumerate(self.columns) if processor is not None]
+        last: dict[int, tuple[Any, Any]] = {}
         out: list[Any] = []
         for row in rows:
-            values = []
-            for n, (key, processor) in enumerate(columns):
-                value = row[key]
-                if processor is not None and value is not None:
-                    before, converted = last[n]
+            values = list(pick(row))
+            for n, processor in converted:
+                value = values[n]
+                if value is not None:
+                    before, after = last.get(n, (None, None))
                     if value is not before:
-                        converted = processor(value)
-                        last[n] = (value, converted)
-                    value = converted
-                values.append(value)
+                        after = processor(value)
+                        last[n] = (value, after)
+                    values[n] = after
             out.append(tuple(values) if self.positional else dict(zip(self.keys, values)))
         return out
 
