@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from tracemill.collector import worker
 from tracemill.collector.worker import NotStored, Stored, WorkerConfig
+from tracemill.store.sqlite_writer import Checkpointer, WriteLock, database_path
 
 log = logging.getLogger("tracemill.collector")
 
@@ -41,6 +42,9 @@ class Ingestor:
         self._lock = threading.Lock()
         self._closing = False
         self._pool: ProcessPoolExecutor | None = None
+        # One checkpointer for the ingest processes' SQLite store (they open it with automatic checkpoints off).
+        database = database_path(config.database_url)
+        self._checkpointer = Checkpointer(database, WriteLock(database)) if database is not None else None
 
     @property
     def queued_spans(self) -> int:
@@ -49,6 +53,8 @@ class Ingestor:
     async def start(self) -> None:
         """Start every ingest process now, not on the first requests."""
         self._pool = self._new_pool()
+        if self._checkpointer is not None:
+            self._checkpointer.start()
         loop = asyncio.get_running_loop()
         await asyncio.gather(*(loop.run_in_executor(self._pool, worker.ready) for _ in range(self.processes)))
 
@@ -57,6 +63,9 @@ class Ingestor:
         self._closing = True
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+        if self._checkpointer is not None and self._checkpointer.is_alive():
+            self._checkpointer.stop()
+            self._checkpointer.lock.close()
 
     def reserve(self) -> Reservation:
         """Room for one request's spans, or QueueFull. Give it back with `release` once the request is answered."""

@@ -21,7 +21,7 @@ from sqlalchemy.exc import OperationalError
 from tracemill.collector.decode import DECODERS, Limits, PayloadError
 from tracemill.collector.persist import Prepared, SpanWriter
 from tracemill.store.engine import make_engine
-from tracemill.store.sqlite_writer import Checkpointer, WriteLock, database_path
+from tracemill.store.sqlite_writer import WriteLock, database_path
 
 log = logging.getLogger("tracemill.collector")
 
@@ -56,11 +56,7 @@ class _Worker:
         self.limits = Limits(max_attribute_bytes=config.max_attribute_bytes)
         self.engine = make_engine(config.database_url, writer=True)
         self.writer = SpanWriter(self.engine.dialect)
-        database = database_path(self.engine)
-        self.lock = WriteLock(database)
-        self.checkpointer = Checkpointer(database, self.lock) if database is not None else None
-        if self.checkpointer is not None:
-            self.checkpointer.start()
+        self.lock = WriteLock(database_path(config.database_url))
 
     def ingest(self, body: bytes, content_type: str, gzipped: bool) -> Stored:
         if gzipped:
@@ -97,8 +93,6 @@ class _Worker:
                 return
 
     def close(self) -> None:
-        if self.checkpointer is not None and self.checkpointer.is_alive():
-            self.checkpointer.stop()
         self.lock.close()
         self.engine.dispose()
 

@@ -23,16 +23,17 @@ try:
 except ImportError:  # Windows: SQLite's own lock alone
     fcntl = None  # type: ignore[assignment]
 
-from sqlalchemy import Engine
+from sqlalchemy.engine import make_url
 
 log = logging.getLogger("tracemill.store")
 
 
-def database_path(engine: Engine) -> Path | None:
+def database_path(url: str) -> Path | None:
     """The file of a SQLite store; None for other stores and in-memory SQLite."""
-    if engine.dialect.name != "sqlite":
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
         return None
-    database = engine.url.database
+    database = parsed.database
     if not database or database == ":memory:" or database.startswith("file:"):
         return None
     return Path(database).resolve()
@@ -95,8 +96,9 @@ class Checkpointer(threading.Thread):
         try:
             page_size = conn.execute("PRAGMA page_size").fetchone()[0]
             while not self._stopping.wait(self.interval_s):
-                frames = _checkpoint(conn)
-                if frames * page_size >= self.restart_bytes:
+                frames, copied = _checkpoint(conn)
+                # Only once a checkpoint has caught up: under the lock there is then little left to copy and sync.
+                if frames * page_size >= self.restart_bytes and copied == frames:
                     with self.lock.held():
                         _checkpoint(conn)
             with self.lock.held():
@@ -107,11 +109,12 @@ class Checkpointer(threading.Thread):
             conn.close()
 
 
-def _checkpoint(conn: sqlite3.Connection) -> int:
-    """Copies what it can; returns the frames in the WAL (0 when another connection was checkpointing)."""
+def _checkpoint(conn: sqlite3.Connection) -> tuple[int, int]:
+    """Copies what it can; returns the frames in the WAL and how many of them are copied (0, 0 when another
+    connection was checkpointing)."""
     try:
-        _busy, frames, _copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-    except sqlite3.OperationalError as exc:  # another process's checkpointer has its turn
+        _busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    except sqlite3.OperationalError as exc:
         log.debug("checkpoint skipped: %s", exc)
-        return 0
-    return int(frames)
+        return 0, 0
+    return int(frames), int(copied)
