@@ -97,8 +97,11 @@ class Checkpointer(threading.Thread):
             page_size = conn.execute("PRAGMA page_size").fetchone()[0]
             while not self._stopping.wait(self.interval_s):
                 frames, copied = _checkpoint(conn)
-                # Only once a checkpoint has caught up: under the lock there is then little left to copy and sync.
+                # Only once a checkpoint has caught up, and with the files synced first: under the lock there is
+                # then little left to copy and to sync (SQLite syncs the database file only when a checkpoint
+                # reaches the end of the WAL, so it would otherwise sync every page copied since the last restart).
                 if frames * page_size >= self.restart_bytes and copied == frames:
+                    _sync(self.database)
                     with self.lock.held():
                         _checkpoint(conn)
             with self.lock.held():
@@ -107,6 +110,15 @@ class Checkpointer(threading.Thread):
             log.exception("WAL checkpoints stopped: the WAL file grows until the collector restarts")
         finally:
             conn.close()
+
+
+def _sync(database: Path) -> None:
+    for path in (Path(f"{database}-wal"), database):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _checkpoint(conn: sqlite3.Connection) -> tuple[int, int]:
