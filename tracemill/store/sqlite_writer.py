@@ -27,6 +27,8 @@ from sqlalchemy.engine import make_url
 
 log = logging.getLogger("tracemill.store")
 
+_CATCH_UP_ROUNDS = 5  # at peak load a round may leave as much to copy as it copied: then lock anyway
+
 
 def database_path(url: str) -> Path | None:
     """The file of a SQLite store; None for other stores and in-memory SQLite."""
@@ -71,17 +73,35 @@ class Checkpointer(threading.Thread):
 
     Every `interval_s` it runs `PRAGMA wal_checkpoint(PASSIVE)` without the write lock: pages are copied and synced
     while the writers commit. A WAL only starts again from its beginning when a writer finds it wholly copied, which a
-    busy writer never lets happen; so once the WAL holds `restart_bytes`, one checkpoint runs holding `lock` (it only
-    has the last few commits' pages left to copy) and the next commit starts the WAL afresh."""
+    busy writer never lets happen; so once the WAL holds `restart_bytes`, one checkpoint runs holding `lock` and the
+    next commit starts the WAL afresh. Writers wait for that one, so it is left as little as possible to do: before
+    taking the lock, the checkpointer copies and syncs again and again, until the commits made meanwhile come to
+    under `tail_bytes`."""
 
     def __init__(self, database: Path, lock: WriteLock, interval_s: float = 0.2,
-                 restart_bytes: int = 32 * 1024 * 1024) -> None:
+                 restart_bytes: int = 32 * 1024 * 1024, tail_bytes: int = 1024 * 1024) -> None:
         super().__init__(name="tracemill-checkpoint", daemon=True)
         self.database = database
         self.lock = lock
         self.interval_s = interval_s
         self.restart_bytes = restart_bytes
+        self.tail_bytes = tail_bytes
         self._stopping = threading.Event()
+
+    def _restart(self, conn: sqlite3.Connection, frames: int, page_size: int) -> None:
+        # SQLite syncs the database file only when a checkpoint reaches the end of the WAL, so under the lock it would
+        # otherwise sync every page copied since the last restart: the files are synced here first.
+        for _ in range(_CATCH_UP_ROUNDS):
+            _sync(self.database)
+            copied_before = frames
+            frames, copied = _checkpoint(conn)
+            if copied != frames:
+                return  # a reader still uses frames it cannot copy yet: the WAL cannot start again now
+            if (frames - copied_before) * page_size <= self.tail_bytes:
+                break
+        _sync(self.database)
+        with self.lock.held():
+            _checkpoint(conn)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -97,13 +117,8 @@ class Checkpointer(threading.Thread):
             page_size = conn.execute("PRAGMA page_size").fetchone()[0]
             while not self._stopping.wait(self.interval_s):
                 frames, copied = _checkpoint(conn)
-                # Only once a checkpoint has caught up, and with the files synced first: under the lock there is
-                # then little left to copy and to sync (SQLite syncs the database file only when a checkpoint
-                # reaches the end of the WAL, so it would otherwise sync every page copied since the last restart).
                 if frames * page_size >= self.restart_bytes and copied == frames:
-                    _sync(self.database)
-                    with self.lock.held():
-                        _checkpoint(conn)
+                    self._restart(conn, frames, page_size)
             with self.lock.held():
                 _checkpoint(conn)
         except sqlite3.Error:
