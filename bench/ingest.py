@@ -28,6 +28,7 @@ import random
 import shutil
 import signal
 import socket
+import struct
 import sqlite3
 import subprocess
 import sys
@@ -41,7 +42,10 @@ from typing import Any
 
 import orjson
 import psutil
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
@@ -172,11 +176,14 @@ def _trace_spans(trace_id: bytes, span_ids: list[bytes], toolset: list[Tool], se
 class Template:
     body: bytes
     offsets: tuple[int, ...]  # where the last 4 bytes of every trace id and span id occurrence sit in `body`
+    times: tuple[tuple[int, int], ...]  # (where, nanoseconds before the send) of every span start and end time
 
 
 class Bodies:
     """OTLP ExportTraceServiceRequest bodies encoded once; `body(seq)` gives request `seq` unique ids by writing `seq`
-    into the last 4 bytes of every trace id and span id (the first 12 / 4 bytes are random and distinct per span)."""
+    into the last 4 bytes of every trace id and span id (the first 12 / 4 bytes are random and distinct per span), and
+    times relative to when it is sent: each agent run ended 0-5 s before (the SDK's batch delay), as a live
+    exporter's spans do."""
 
     def __init__(self, templates: int, spans_per_request: int, seed: int) -> None:
         if spans_per_request % SPANS_PER_TRACE:
@@ -196,7 +203,12 @@ class Bodies:
                 span_ids = [next(prefixes).to_bytes(4, "big") + b"\0\0\0\0" for _ in range(SPANS_PER_TRACE)]
                 server, tools = rng.choice(servers)
                 toolset = rng.sample(tools, min(len(tools), rng.randint(3, 6)))
-                spans += _trace_spans(trace_id, span_ids, toolset, server, now - rng.randint(0, 3600) * 10**9, rng)
+                run = _trace_spans(trace_id, span_ids, toolset, server, now, rng)
+                shift = -rng.randint(0, 5000) * 1_000_000 - (run[0].end_time_unix_nano - now)
+                for span in run:
+                    span.start_time_unix_nano += shift
+                    span.end_time_unix_nano += shift
+                spans += run
                 ids += [trace_id, *span_ids]
             request = ExportTraceServiceRequest(resource_spans=[ResourceSpans(
                 resource=Resource(attributes=_attrs(service__name="support-agent", service__version="1.4.2",
@@ -212,7 +224,15 @@ class Bodies:
                     pos = body.find(ident, pos + 1)
             if len(offsets) != 2 * spans_per_request + (SPANS_PER_TRACE - 1) * traces:
                 raise RuntimeError("span or trace id bytes found in an unexpected place; change --seed")
-            self.templates.append(Template(body, tuple(offsets)))
+            times: list[tuple[int, int]] = []
+            pos = 0
+            for span in spans:  # fixed64 fields 7 and 8 of Span, in the order they are encoded
+                for tag, value in ((b"\x39", span.start_time_unix_nano), (b"\x41", span.end_time_unix_nano)):
+                    pos = body.find(tag + value.to_bytes(8, "little"), pos) + 1
+                    if pos <= 0:
+                        raise RuntimeError("a span time not found in its body")
+                    times.append((pos, value - now))
+            self.templates.append(Template(body, tuple(offsets), tuple(times)))
 
     def body(self, seq: int) -> bytearray:
         template = self.templates[seq % len(self.templates)]
@@ -220,6 +240,9 @@ class Bodies:
         tail = (seq + 1).to_bytes(4, "big")
         for off in template.offsets:
             buf[off:off + 4] = tail
+        now = time.time_ns()
+        for off, relative in template.times:
+            struct.pack_into("<Q", buf, off, now + relative)
         return buf
 
     @property
@@ -376,6 +399,7 @@ class Record:
     latencies_s: list[float] = field(default_factory=list)  # per acknowledged request, first attempt -> 200
     statuses: Counter[str] = field(default_factory=Counter)  # per attempt: "200", "503", "error", ...
     acked_requests: int = 0
+    rejected_spans: int = 0  # in acknowledged requests, reported in partial_success
     dropped_requests: int = 0  # given up: still refused when the phase ended
     unsent_requests: int = 0  # open loop: their turn came after the phase, the server being that far behind
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -404,7 +428,7 @@ class Exporter:
                 self.conn.request("POST", "/v1/traces", body=body,
                                   headers={"Content-Type": "application/x-protobuf"})
                 resp = self.conn.getresponse()
-                resp.read()
+                answer = resp.read()
                 status, retry_after = resp.status, resp.getheader("Retry-After")
             except (OSError, http.client.HTTPException):
                 self.conn.close()
@@ -414,8 +438,10 @@ class Exporter:
             record.attempt(str(status) if status else "error")
             if status == 200:
                 record.latencies_s.append(time.monotonic() - started)
+                rejected = _rejected_spans(answer, resp.getheader("Content-Type", ""))
                 with record.lock:
                     record.acked_requests += 1
+                    record.rejected_spans += rejected
                 return
             wait = float(retry_after) if retry_after and retry_after.isdigit() else DEFAULT_RETRY_AFTER_S
             if status not in (0, 429, 503) or time.monotonic() + wait > give_up_at:
@@ -423,6 +449,14 @@ class Exporter:
                     record.dropped_requests += 1
                 return
             time.sleep(wait)
+
+
+def _rejected_spans(answer: bytes, content_type: str) -> int:
+    if not answer:
+        return 0
+    if content_type.startswith("application/json"):
+        return int(orjson.loads(answer).get("partialSuccess", {}).get("rejectedSpans", 0))
+    return ExportTraceServiceResponse.FromString(answer).partial_success.rejected_spans
 
 
 def closed_loop(port: int, bodies: Bodies, seqs: itertools.count[int], exporters: int, duration_s: float,
@@ -555,14 +589,15 @@ def run_phase(server: Server, bodies: Bodies, seqs: itertools.count[int], kind: 
     window_end = t0 + duration_s
     persisted = (sampler.rows_at(window_end) - sampler.rows_at(window_start)) / (window_end - window_start)
     attempts = sum(record.statuses.values())
+    acked = record.acked_requests * bodies.spans_per_request - record.rejected_spans
     last = sampler.samples[-1]
     return {
         "load": kind, "duration_s": round(sent_until - t0, 2), "window_s": [round(window_start - t0, 2),
                                                                            round(window_end - t0, 2)],
         "exporters": exporters or max_in_flight, "offered_requests_per_s": round(requests_per_s, 2) or None,
         "persisted_spans_per_s": round(persisted, 1), "best_10s_persisted_spans_per_s": _best_rate(sampler.samples),
-        "acked_spans_per_s": round(record.acked_requests * bodies.spans_per_request / (sent_until - t0), 1),
-        "acked_spans": record.acked_requests * bodies.spans_per_request,
+        "acked_spans_per_s": round(acked / (sent_until - t0), 1), "acked_spans": acked,
+        "rejected_spans": record.rejected_spans,
         "rows_added": last[1] - first[1], "dropped_requests": record.dropped_requests,
         "unsent_requests": record.unsent_requests,
         "attempts": dict(record.statuses), "share_503": round(record.statuses["503"] / attempts, 4) if attempts else None,
@@ -628,6 +663,11 @@ def bench_server(server: Server, bodies: Bodies, args: argparse.Namespace) -> di
         result["journal_mode"] = server.journal_mode()
         result["rows_final"] = drain(server, timeout_s=10 if phoenix else 60)
         result["acked_spans_total"] = sum(p["acked_spans"] for p in phases.values())
+        if any(p["rejected_spans"] for p in phases.values()):
+            print(f"[{server.name}] WARNING: spans rejected as invalid; the workload is broken", flush=True)
+        if not phoenix and result["rows_final"] != result["acked_spans_total"]:
+            print(f"[{server.name}] WARNING: {result['acked_spans_total']} spans acknowledged but "
+                  f"{result['rows_final']} in the store", flush=True)
     finally:
         server.stop()
     return result
