@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from tracemill.collector import worker
 from tracemill.collector.worker import NotStored, Stored, WorkerConfig
-from tracemill.store.sqlite_writer import Checkpointer, WriteLock, database_path
+from tracemill.store.sqlite_writer import Checkpointer, database_path
 
 log = logging.getLogger("tracemill.collector")
 
@@ -44,7 +44,7 @@ class Ingestor:
         self._pool: ProcessPoolExecutor | None = None
         # One checkpointer for the ingest processes' SQLite store (they open it with automatic checkpoints off).
         database = database_path(config.database_url)
-        self._checkpointer = Checkpointer(database, WriteLock(database)) if database is not None else None
+        self._checkpointer = Checkpointer(database) if database is not None else None
 
     @property
     def queued_spans(self) -> int:
@@ -63,9 +63,8 @@ class Ingestor:
         self._closing = True
         if self._pool is not None:
             self._pool.shutdown(wait=True)
-        if self._checkpointer is not None and self._checkpointer.is_alive():
+        if self._checkpointer is not None:
             self._checkpointer.stop()
-            self._checkpointer.lock.close()
 
     def reserve(self) -> Reservation:
         """Room for one request's spans, or QueueFull. Give it back with `release` once the request is answered."""

@@ -39,7 +39,7 @@ def _write(path: Path, writer: int, commits: int) -> None:
 def test_writers_in_two_processes_take_turns_and_the_wal_stays_bounded(tmp_path: Path) -> None:
     path = tmp_path / "store.db"
     _open(path).execute("CREATE TABLE t (writer INTEGER, n INTEGER, body TEXT)")
-    checkpointer = Checkpointer(path, WriteLock(path), interval_s=0.02, restart_bytes=2 * 1024 * 1024)
+    checkpointer = Checkpointer(path, interval_s=0.02, restart_bytes=2 * 1024 * 1024)
     checkpointer.start()
     wal = Path(f"{path}-wal")
     largest = 0

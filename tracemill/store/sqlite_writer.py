@@ -27,7 +27,7 @@ from sqlalchemy.engine import make_url
 
 log = logging.getLogger("tracemill.store")
 
-_CATCH_UP_ROUNDS = 5  # at peak load a round may leave as much to copy as it copied: then lock anyway
+_CATCH_UP_ROUNDS = 5
 
 
 def database_path(url: str) -> Path | None:
@@ -73,16 +73,16 @@ class Checkpointer(threading.Thread):
 
     Every `interval_s` it runs `PRAGMA wal_checkpoint(PASSIVE)` without the write lock: pages are copied and synced
     while the writers commit. A WAL only starts again from its beginning when a writer finds it wholly copied, which a
-    busy writer never lets happen; so once the WAL holds `restart_bytes`, one checkpoint runs holding `lock` and the
-    next commit starts the WAL afresh. Writers wait for that one, so it is left as little as possible to do: before
-    taking the lock, the checkpointer copies and syncs again and again, until the commits made meanwhile come to
-    under `tail_bytes`."""
+    busy writer never lets happen; so once the WAL holds `restart_bytes`, one checkpoint runs holding the write lock
+    and the next commit starts the WAL afresh. Writers wait for that one, so it is left as little as possible to do:
+    before taking the lock, the checkpointer copies and syncs again and again, until the commits made meanwhile come
+    to under `tail_bytes`."""
 
-    def __init__(self, database: Path, lock: WriteLock, interval_s: float = 0.2,
-                 restart_bytes: int = 32 * 1024 * 1024, tail_bytes: int = 1024 * 1024) -> None:
+    def __init__(self, database: Path, interval_s: float = 0.2, restart_bytes: int = 32 * 1024 * 1024,
+                 tail_bytes: int = 1024 * 1024) -> None:
         super().__init__(name="tracemill-checkpoint", daemon=True)
         self.database = database
-        self.lock = lock
+        self.lock = WriteLock(database)
         self.interval_s = interval_s
         self.restart_bytes = restart_bytes
         self.tail_bytes = tail_bytes
@@ -91,21 +91,27 @@ class Checkpointer(threading.Thread):
     def _restart(self, conn: sqlite3.Connection, frames: int, page_size: int) -> None:
         # SQLite syncs the database file only when a checkpoint reaches the end of the WAL, so under the lock it would
         # otherwise sync every page copied since the last restart: the files are synced here first.
+        added = frames
         for _ in range(_CATCH_UP_ROUNDS):
             _sync(self.database)
-            copied_before = frames
+            before, added_before = frames, added
             frames, copied = _checkpoint(conn)
             if copied != frames:
                 return  # a reader still uses frames it cannot copy yet: the WAL cannot start again now
-            if (frames - copied_before) * page_size <= self.tail_bytes:
-                break
+            added = frames - before
+            if (added * page_size <= self.tail_bytes or added >= added_before
+                    or frames * page_size >= 2 * self.restart_bytes):
+                break  # little left; or the writers add as much as a round copies, or the WAL grows too long
         _sync(self.database)
         with self.lock.held():
             _checkpoint(conn)
 
     def stop(self) -> None:
+        """Checkpoint once more (holding the write lock) and stop."""
         self._stopping.set()
-        self.join()
+        if self.is_alive():
+            self.join()
+        self.lock.close()
 
     def run(self) -> None:
         try:
@@ -121,7 +127,7 @@ class Checkpointer(threading.Thread):
                     self._restart(conn, frames, page_size)
             with self.lock.held():
                 _checkpoint(conn)
-        except sqlite3.Error:
+        except (sqlite3.Error, OSError):
             log.exception("WAL checkpoints stopped: the WAL file grows until the collector restarts")
         finally:
             conn.close()
@@ -129,7 +135,10 @@ class Checkpointer(threading.Thread):
 
 def _sync(database: Path) -> None:
     for path in (Path(f"{database}-wal"), database):
-        fd = os.open(path, os.O_RDONLY)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:  # the WAL: the last connection to close deletes it
+            continue
         try:
             os.fsync(fd)
         finally:
