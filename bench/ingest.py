@@ -28,8 +28,8 @@ import random
 import shutil
 import signal
 import socket
-import struct
 import sqlite3
+import struct
 import subprocess
 import sys
 import tempfile
