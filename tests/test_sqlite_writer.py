@@ -52,10 +52,30 @@ def test_writers_in_two_processes_take_turns_and_the_wal_stays_bounded(tmp_path:
     checkpointer.stop()
     assert [p.exitcode for p in writers] == [0, 0]
 
-    rows = sqlite3.connect(path).execute("SELECT writer, COUNT(*) FROM t GROUP BY writer ORDER BY writer").fetchall()
+    store = sqlite3.connect(path)
+    assert store.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    rows = store.execute("SELECT writer, COUNT(*) FROM t GROUP BY writer ORDER BY writer").fetchall()
     assert rows == [(0, 150 * 200), (1, 150 * 200)]
     written = 2 * 150 * 200 * len(ROW)
     assert largest < 24 * 1024 * 1024 < written, f"WAL reached {largest} bytes for {written} bytes written"
+
+
+def test_a_writer_closing_while_the_checkpointer_runs_knows_it_is_not_the_last(tmp_path: Path) -> None:
+    """The last connection to close checkpoints without locks and deletes the WAL; the checkpointer's connection,
+    open throughout, must keep any other from thinking it is the last, also after the checkpoints that restart the
+    WAL (each syncs the database file)."""
+    path = tmp_path / "store.db"
+    _open(path).execute("CREATE TABLE t (writer INTEGER, n INTEGER, body TEXT)")
+    checkpointer = Checkpointer(path, interval_s=0.01, restart_bytes=512 * 1024)
+    checkpointer.start()
+    writer = multiprocessing.get_context("spawn").Process(target=_write, args=(path, 0, 20))
+    writer.start()
+    writer.join()
+    wal_left = Path(f"{path}-wal").exists()
+    checkpointer.stop()
+    assert writer.exitcode == 0
+    assert wal_left, "the writer deleted the WAL on closing: it found no other connection open"
+    assert sqlite3.connect(path).execute("SELECT COUNT(*) FROM t").fetchone() == (20 * 200,)
 
 
 def test_the_lock_is_held_by_one_thread_at_a_time(tmp_path: Path) -> None:

@@ -134,15 +134,36 @@ class Checkpointer(threading.Thread):
 
 
 def _sync(database: Path) -> None:
-    for path in (Path(f"{database}-wal"), database):
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:  # the WAL: the last connection to close deletes it
-            continue
+    wal = Path(f"{database}-wal")
+    try:
+        fd = os.open(wal, os.O_RDONLY)
+    except FileNotFoundError:  # the last connection to close deletes it
+        pass
+    else:
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
+    os.fsync(_kept_open(database))
+
+
+_kept_fds: dict[tuple[int, int], int] = {}
+_kept_fds_lock = threading.Lock()
+
+
+def _kept_open(path: Path) -> int:
+    """A descriptor of `path` that this process never closes. Closing any descriptor of a file drops every POSIX
+    lock the process holds on it, SQLite's own included: a connection then looks closed to other processes, and the
+    next one to close believes it is the last, checkpoints without locks and deletes the WAL that writers still use
+    (https://sqlite.org/howtocorrupt.html, 2.2). SQLite locks the database file, never its WAL."""
+    with _kept_fds_lock:
+        stat = os.stat(path)
+        fd = _kept_fds.get((stat.st_dev, stat.st_ino))
+        if fd is None:
+            fd = os.open(path, os.O_RDONLY)
+            opened = os.fstat(fd)
+            _kept_fds[(opened.st_dev, opened.st_ino)] = fd
+        return fd
 
 
 def _checkpoint(conn: sqlite3.Connection) -> tuple[int, int]:
