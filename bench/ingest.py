@@ -42,15 +42,12 @@ from typing import Any
 
 import orjson
 import psutil
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
-from tracemill.otlp import key_values
+from tracemill.otlp import key_values, partial_success
 from tracemill.tools import Tool, load_mcp_bench
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -438,7 +435,7 @@ class Exporter:
             record.attempt(str(status) if status else "error")
             if status == 200:
                 record.latencies_s.append(time.monotonic() - started)
-                rejected = _rejected_spans(answer, resp.getheader("Content-Type", ""))
+                rejected = partial_success(answer, resp.getheader("Content-Type", "")).rejected_spans
                 with record.lock:
                     record.acked_requests += 1
                     record.rejected_spans += rejected
@@ -449,14 +446,6 @@ class Exporter:
                     record.dropped_requests += 1
                 return
             time.sleep(wait)
-
-
-def _rejected_spans(answer: bytes, content_type: str) -> int:
-    if not answer:
-        return 0
-    if content_type.startswith("application/json"):
-        return int(orjson.loads(answer).get("partialSuccess", {}).get("rejectedSpans", 0))
-    return ExportTraceServiceResponse.FromString(answer).partial_success.rejected_spans
 
 
 def closed_loop(port: int, bodies: Bodies, seqs: itertools.count[int], exporters: int, duration_s: float,

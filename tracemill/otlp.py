@@ -1,11 +1,14 @@
-"""Python values as OTLP protobuf attributes: for sending spans without the OpenTelemetry SDK (replays, benchmarks,
-tests)."""
+"""Python values as OTLP protobuf attributes, and what an OTLP/HTTP answer says it rejected: for sending spans without
+the OpenTelemetry SDK (replays, benchmarks, tests)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+import orjson
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 
 
@@ -27,3 +30,20 @@ def any_value(value: Any) -> AnyValue:
 
 def key_values(attributes: Mapping[str, Any]) -> list[KeyValue]:
     return [KeyValue(key=k, value=any_value(v)) for k, v in attributes.items()]
+
+
+@dataclass(frozen=True)
+class PartialSuccess:
+    rejected_spans: int = 0
+    error_message: str = ""
+
+
+def partial_success(content: bytes, content_type: str) -> PartialSuccess:
+    """The `partial_success` of an export answer, protobuf or JSON (none for an empty answer or another type)."""
+    if content and "protobuf" in content_type:
+        answer = ExportTraceServiceResponse.FromString(content).partial_success
+        return PartialSuccess(answer.rejected_spans, answer.error_message)
+    if content and "json" in content_type:
+        part = orjson.loads(content).get("partialSuccess", {})
+        return PartialSuccess(int(part.get("rejectedSpans", 0)), part.get("errorMessage", ""))
+    return PartialSuccess()

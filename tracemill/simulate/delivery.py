@@ -12,9 +12,9 @@ from collections.abc import Sequence
 import httpx
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
+from tracemill.otlp import partial_success
 from tracemill.sdk.core import traces_url
 
 
@@ -98,14 +98,10 @@ class Delivery(SpanProcessor):
 
     @staticmethod
     def _check_partial(response: httpx.Response, sent: int) -> None:
-        if not response.content or "protobuf" not in response.headers.get("content-type", ""):
-            return
-        answer = ExportTraceServiceResponse()
-        answer.ParseFromString(response.content)
-        rejected = answer.partial_success.rejected_spans
-        if rejected:
-            raise DeliveryError(f"the collector rejected {rejected} of {sent} spans: "
-                                f"{answer.partial_success.error_message}")
+        answer = partial_success(response.content, response.headers.get("content-type", ""))
+        if answer.rejected_spans:
+            raise DeliveryError(f"the collector rejected {answer.rejected_spans} of {sent} spans: "
+                                f"{answer.error_message}")
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True
