@@ -17,9 +17,11 @@ import statistics
 import time
 from pathlib import Path
 
-from tracemill.evaluation import bfcl_suite, mcp_bench_suite, strict_calls
 from tracemill.repair import revise
-from tracemill.verify import tool_index, verify
+from tracemill.revisers import strict_calls
+from tracemill.suites import bfcl_suite, mcp_bench_suite
+from tracemill.tools import tool_index
+from tracemill.verify import verify
 
 
 def _summary(micros: list[float]) -> dict[str, float]:

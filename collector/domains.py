@@ -57,6 +57,11 @@ _NON_WORD = re.compile(r"[^a-z0-9]+")
 _SERVER_WEIGHT, _NAME_WEIGHT, _DESCRIPTION_WEIGHT = 5, 3, 1
 
 
+def call_domain(declared: str | None, tool: Tool | None, name: str | None) -> str | None:
+    """A stored call's domain: the one its trace declares (`tracemill.domain`), else the tool's by its keywords."""
+    return declared or classify_domain(tool, name)
+
+
 def classify_domain(tool: Tool | None, name: str | None = None) -> str | None:
     """The domain of a tool (or of a bare tool name, when the tool is unknown); None when no keyword matches.
     `name` is the name as called and wins over `tool.name`."""

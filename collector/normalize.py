@@ -26,9 +26,8 @@ from typing import Any
 import orjson
 
 from tracemill.collector.spans import SpanRecord
-from tracemill.repair import holds_call
-from tracemill.tools import Tool, ToolFormatError, normalize_tool
-from tracemill.verify import tool_index
+from tracemill.reader import holds_call
+from tracemill.tools import Tool, ToolFormatError, normalize_tool, tool_index
 
 RESULT_LIMIT = 64 * 1024  # characters of a tool result kept
 
@@ -96,8 +95,8 @@ class Extracted:
     calls: list[ExtractedCall]
     executions: list[ExtractedExecution]
     offered_tools: list[Tool] | None  # the tool list the span states (request definitions or a tools/list result)
-    harness_version: str | None  # this and domain: read for spans with calls only
-    domain: str | None
+    harness_version: str | None  # this and declared_domain: read for spans with calls only
+    declared_domain: str | None  # the domain the trace states (`tracemill.domain`); `domains.call_domain` decides
 
 
 @dataclass(slots=True)
@@ -136,7 +135,7 @@ def extract(span: SpanRecord) -> Extracted:
         harness_version=_first_str(resource, ("tracemill.harness.version",))
         or _first_str(attrs, ("tracemill.harness.version", "gen_ai.agent.version"))
         or _first_str(resource, ("gen_ai.agent.version",)),
-        domain=_first_str(attrs, ("tracemill.domain",)) or _first_str(resource, ("tracemill.domain",)),
+        declared_domain=_first_str(attrs, ("tracemill.domain",)) or _first_str(resource, ("tracemill.domain",)),
     )
 
 

@@ -12,15 +12,15 @@ from typing import Any
 
 from sqlalchemy import Connection, Dialect, bindparam, select, update
 
-from tracemill.collector.domains import classify_domain
+from tracemill.collector.domains import call_domain
 from tracemill.collector.normalize import Extracted, ExtractedCall, ExtractedExecution, extract
 from tracemill.collector.spans import SpanRecord
 from tracemill.store.bulk import BulkInsert
 from tracemill.store.engine import insert_ignoring_duplicates
 from tracemill.store.payloads import PAYLOAD_MIN_CHARS, reference, resolve
 from tracemill.store.tables import PayloadRow, SpanRow, ToolCallRow, ToolExecutionRow, ToolsetRow, utcnow
-from tracemill.tools import Tool, toolset_hash
-from tracemill.verify import Stage, Verdict, parse_call, tool_index, verify
+from tracemill.tools import Tool, tool_index, toolset_hash
+from tracemill.verify import verify
 
 _SPANS = SpanRow.__table__
 _TOOLSETS = ToolsetRow.__table__
@@ -184,16 +184,7 @@ class SpanWriter:
     def _call_row(self, span: SpanRecord, found: Extracted, call: ExtractedCall, tools: list[Tool] | None,
                   now: Any) -> tuple[dict[str, Any], _Toolset | None]:
         toolset = self._toolset(tools) if tools is not None else None
-        verdict = _verdict(call, toolset)
-        tool = verdict.tool
-        name_valid: bool | None = verdict.name_valid if toolset else None
-        schema_valid = verdict.schema_valid
-        if toolset and verdict.stage is Stage.PARSE and call.name:
-            # A native call names its tool apart from its arguments: the name can be valid while the arguments
-            # are unreadable, and then they do not comply with the schema.
-            tool = toolset.index.get(call.name)
-            name_valid = tool is not None
-            schema_valid = False if name_valid else None
+        verdict = verify(call.call_input, toolset.index if toolset else None, name=call.name)
         return {
             "trace_id": span.trace_id, "span_id": span.span_id, "call_index": call.index,
             "tool_call_id": call.tool_call_id, "raw": call.raw,
@@ -201,13 +192,13 @@ class SpanWriter:
             "arguments": verdict.call.arguments if verdict.call else None,
             "toolset_id": None,
             "parsed": verdict.parsed,
-            "name_valid": name_valid,
-            "schema_valid": schema_valid,
+            "name_valid": verdict.name_valid if toolset else None,
+            "schema_valid": verdict.schema_valid,
             "stage": verdict.stage.value if verdict.stage else None,
             "violations": [v.to_dict() for v in verdict.violations],
             "execution_status": None, "execution_error": None, "execution_result": None, "execution_span_id": None,
             "model": call.model, "harness_version": found.harness_version,
-            "domain": found.domain or classify_domain(tool, call.name),
+            "domain": call_domain(found.declared_domain, verdict.tool, call.name),
             "repairs_id": None, "start_time_ns": span.start_time_ns, "created_at": now,
         }, toolset
 
@@ -310,13 +301,6 @@ def _drop_stored_repeats(conn: Connection, rows: list[dict[str, Any]],
     return [row for row in rows
             if not row["tool_call_id"]
             or owner.get((row["trace_id"], row["tool_call_id"]), row["span_id"]) == row["span_id"]]
-
-
-def _verdict(call: ExtractedCall, toolset: _Toolset | None) -> Verdict:
-    if toolset is not None:
-        return verify(call.call_input, toolset.index)
-    parsed = parse_call(call.call_input)
-    return parsed if isinstance(parsed, Verdict) else Verdict(ok=False, stage=None, call=parsed)
 
 
 def _set_execution(row: dict[str, Any], span_id: str, ok: bool, error: str | None, result: str | None) -> None:

@@ -5,8 +5,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from click.testing import CliRunner
 
+from tracemill.bfcl import ast_match, load_bfcl
 from tracemill.cli import main
-from tracemill.evaluation import ast_match, load_bfcl
 from tracemill.tools import load_mcp_bench
 from tracemill.verify import ToolCall
 
@@ -158,7 +158,12 @@ def test_endpoint_reviser_against_a_real_openai_compatible_server(tmp_path):
     assert len(_FixedCompletion.requests) == 1  # the valid call never reached the model
     path_, body = _FixedCompletion.requests[0]
     assert path_ == "/v1/chat/completions"
-    prompt = json.loads(body["messages"][1]["content"])
-    offered = [t["name"] for t in prompt["tools"]]
-    assert "Weather Data:get_weather_forecast_tool" in offered and len(offered) <= 4 < len(tools)
-    assert prompt["context"] == case["context"]
+    system, user = body["messages"]
+    assert system["role"] == "system" and user["role"] == "user"
+    sections = user["content"].split("\n")
+    tool_lines = sections[sections.index("<tools>") + 1:sections.index("</tools>")]
+    offered = [json.loads(line)["name"] for line in tool_lines]
+    assert offered[0] == "Weather Data:get_weather_forecast_tool" and len(offered) <= 4 < len(tools)
+    conversation = sections[sections.index("<conversation>") + 1:sections.index("</conversation>")]
+    assert conversation == ["user: Forecast for Paris, 2 days"]
+    assert sections[sections.index("<output>") + 1] == case["raw"]

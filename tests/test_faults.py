@@ -3,11 +3,10 @@ from collections import Counter
 
 import pytest
 
-from tracemill.evaluation import load_bfcl
+from tracemill.bfcl import load_bfcl
 from tracemill.faults import KINDS, PROFILES, TEXT_KINDS, corrupt, corrupt_calls, sample_faults
-from tracemill.repair import name_key
-from tracemill.tools import load_mcp_bench
-from tracemill.verify import ToolCall, parse_call, tool_index, verify
+from tracemill.tools import load_mcp_bench, name_key, tool_index
+from tracemill.verify import ToolCall, parse_call, verify
 
 CASES = load_bfcl()
 SERVERS = load_mcp_bench()

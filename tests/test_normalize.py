@@ -347,9 +347,9 @@ def test_harness_version_and_domain() -> None:
     output = assistant({"type": "tool_call", "id": "c", "name": "get_weather", "arguments": {}})
     attributes = {"gen_ai.operation.name": "chat", "gen_ai.output.messages": output, "gen_ai.agent.version": "a-1"}
     found = extract(span(attributes, resource={"tracemill.harness.version": "h-7", "tracemill.domain": "legal"}))
-    assert (found.harness_version, found.domain) == ("h-7", "legal")
+    assert (found.harness_version, found.declared_domain) == ("h-7", "legal")
     found = extract(span({**attributes, "tracemill.domain": "medical"}, resource={"gen_ai.agent.version": 3}))
-    assert (found.harness_version, found.domain) == ("a-1", "medical")
+    assert (found.harness_version, found.declared_domain) == ("a-1", "medical")
     assert (extract(span({"gen_ai.output.messages": output})).harness_version,) == (None,)
 
 

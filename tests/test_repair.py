@@ -6,11 +6,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from tracemill.evaluation import load_bfcl
+from tracemill.bfcl import load_bfcl
 from tracemill.faults import KINDS, corrupt_calls
 from tracemill.repair import StepKind, revise
-from tracemill.tools import load_mcp_bench
-from tracemill.verify import Stage, ToolCall, tool_index, verify
+from tracemill.tools import load_mcp_bench, tool_index
+from tracemill.verify import Stage, ToolCall, verify
 
 CASES = load_bfcl()
 BY_ID = {c.id: c for c in CASES}

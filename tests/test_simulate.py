@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from support import free_port
 from tracemill.faults import KINDS, PROFILES
 from tracemill.simulate import simulate
 from tracemill.simulate.scenarios import mcp_bench_scenarios
@@ -21,6 +20,8 @@ from tracemill.store.engine import make_engine
 from tracemill.store.payloads import resolve
 from tracemill.store.tables import SpanRow
 from tracemill.verify import verify
+
+from support import free_port
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -82,13 +83,13 @@ def test_a_seed_always_sends_the_same_spans(start_collector, tmp_path: Path) -> 
 def test_generated_arguments_are_valid_for_every_mcp_bench_tool() -> None:
     import random
 
-    from tracemill.simulate.arguments import arguments_for, request_words
+    from tracemill.examples import request_words, sampled_arguments
 
     rng = random.Random(5)
     for scenario in mcp_bench_scenarios():
         words = request_words(scenario.request)
         for tool in scenario.tools:
-            verdict = verify({"name": tool.name, "arguments": arguments_for(tool.input_schema, words, rng)},
+            verdict = verify({"name": tool.name, "arguments": sampled_arguments(tool.input_schema, words, rng)},
                              scenario.tools)
             assert verdict.ok, (tool.name, verdict.violations)
 

@@ -5,7 +5,6 @@ prints what the verifier found in the store, and measures the deterministic revi
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -13,17 +12,12 @@ from pathlib import Path
 
 import click
 
-PROFILES = ("llama3.1-8b", "gemma3-27b", "qwen3")
+from tracemill.faults import WEAK_PROFILES
+from tracemill.net import free_port
 
 
 def _tracemill(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "tracemill.cli", *args], check=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
@@ -55,7 +49,7 @@ def demo(db_path: Path, port: int | None, traces: int) -> None:
     for suffix in ("", "-wal", "-shm"):
         Path(f"{db_path}{suffix}").unlink(missing_ok=True)
     db_url = f"sqlite:///{db_path}"
-    port = port or _free_port()
+    port = port or free_port()
     url = f"http://127.0.0.1:{port}"
 
     console.rule(f"1. collector on {db_path.name}")
@@ -65,7 +59,7 @@ def demo(db_path: Path, port: int | None, traces: int) -> None:
         _wait_healthy(url, collector)
         console.print(f"listening on {url}/v1/traces")
         console.rule("2. agents on three open models send their traces")
-        for seed, profile in enumerate(PROFILES):
+        for seed, profile in enumerate(WEAK_PROFILES):
             _tracemill("simulate", "--endpoint", url, "--traces", str(traces), "--model-profile", profile,
                        "--seed", str(seed))
     finally:

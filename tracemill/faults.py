@@ -30,12 +30,11 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracemill.repair import name_key, schema_types
-from tracemill.tools import Tool
+from tracemill.tools import Tool, base_name, name_key, schema_types
 from tracemill.verify import ToolCall
 
 # Content faults change what the call says; rendering faults change how it is written. Applied in this order.
@@ -117,6 +116,9 @@ PROFILES: dict[str, Profile] = {
 }
 
 
+WEAK_PROFILES: tuple[str, ...] = ("llama3.1-8b", "gemma3-27b", "qwen3")  # the open models the suites and demo use
+
+
 def _profile(profile: str | Profile) -> Profile:
     if isinstance(profile, Profile):
         return profile
@@ -163,10 +165,6 @@ def _unique_key(variant: str, target: str, names: Sequence[str]) -> bool:
     return [n for n in names if name_key(n) == key] == [target]
 
 
-def _base(name: str) -> str:
-    return re.split(r"[:./]|__", name)[-1]
-
-
 def _case_variant(name: str, rng: random.Random) -> str | None:
     options = [v for v in dict.fromkeys((name.upper(), name.lower(), name[:1].swapcase() + name[1:], name.title()))
                if v != name]
@@ -193,86 +191,127 @@ def _properties(tool: Tool) -> dict[str, Any]:
     return dict(props) if isinstance(props, Mapping) else {}
 
 
-def _content_fault(kind: str, name: str, args: dict[str, Any], tool: Tool, tools: Sequence[Tool],
-                   rng: random.Random) -> tuple[str, dict[str, Any], Fault] | None:
-    names = [t.name for t in tools]
-    props = _properties(tool)
-    if kind == "tool_name_case":
-        variant = _case_variant(name, rng)
-        if variant is None:
-            return None
-        return variant, args, Fault(kind, _unique_key(variant, tool.name, names), f"{name} -> {variant}")
-    if kind == "tool_name_separator":
-        variant = _separator_variant(name, rng)
-        if variant is None:
-            return None
-        return variant, args, Fault(kind, _unique_key(variant, tool.name, names), f"{name} -> {variant}")
-    if kind == "tool_name_prefix":
-        if ":" in name:
-            variant = name.rpartition(":")[2]
-            same_base = [n for n in names if name_key(_base(n)) == name_key(variant)]
-            return variant, args, Fault(kind, same_base == [tool.name], f"{name} -> {variant}")
-        variant = rng.choice(("functions.", "default_api.", "tools.", "mcp__tools__")) + name
-        return variant, args, Fault(kind, _unique_key(name, tool.name, names), f"{name} -> {variant}")
-    if kind == "param_name":
-        if not args:
-            return None
-        param = rng.choice(list(args))
-        candidates = (_camel(param), _split_camel(param), param.replace("_", "-"), param[:1].upper() + param[1:],
-                      param.upper())
-        variants = [v for v in dict.fromkeys(candidates) if v != param and v not in args]
-        if not variants:
-            return None
-        variant = rng.choice(variants)
-        renamed = {variant if k == param else k: v for k, v in args.items()}
-        required = _schema(tool).get("required")
-        noticed = _schema(tool).get("additionalProperties") is False or isinstance(required, list) and param in required
-        recoverable = noticed and _unique_key(variant, param, list(props))
-        return name, renamed, Fault(kind, recoverable, f"{param} -> {variant}")
-    if kind == "enum_case":
-        options = [p for p, v in args.items() if isinstance(v, str) and isinstance(props.get(p), Mapping)
-                   and isinstance(props[p].get("enum"), list) and v in props[p]["enum"]]
-        if not options:
-            return None
-        param = rng.choice(options)
-        enum = [e for e in props[param]["enum"] if isinstance(e, str)]
-        value = args[param]
-        variants = [v for v in dict.fromkeys((value.upper(), value.lower(), value.capitalize())) if v not in enum]
-        if not variants:
-            return None
-        variant = rng.choice(variants)
-        unique = [e for e in enum if e.casefold() == variant.casefold()] == [value]
-        return name, {**args, param: variant}, Fault(kind, unique, f"{param}: {value!r} -> {variant!r}")
-    if kind == "number_as_string":
-        options = [p for p, v in args.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-                   and schema_types(props.get(p)) and "string" not in schema_types(props.get(p))]
-        if not options:
-            return None
-        param = rng.choice(options)
-        return name, {**args, param: json.dumps(args[param])}, Fault(kind, True, param)
-    if kind == "array_as_string":
-        options = [p for p, v in args.items() if isinstance(v, (list, dict))
-                   and schema_types(props.get(p)) and "string" not in schema_types(props.get(p))]
-        if not options:
-            return None
-        param = rng.choice(options)
-        return name, {**args, param: json.dumps(args[param], ensure_ascii=False)}, Fault(kind, True, param)
-    if kind == "extra_param":
-        keys = {name_key(p) for p in (*props, *args)}
-        options = [(p, v) for p, v in _EXTRA_PARAMS if name_key(p) not in keys]
-        if not options:
-            return None
-        param, value = rng.choice(options)
-        forbidden = _schema(tool).get("additionalProperties") is False
-        return name, {**args, param: value}, Fault(kind, forbidden, param)
-    if kind == "missing_required":
-        required = _schema(tool).get("required")
-        options = [p for p in args if isinstance(required, list) and p in required]
-        if not options:
-            return None
-        param = rng.choice(options)
-        return name, {k: v for k, v in args.items() if k != param}, Fault(kind, False, param)
-    raise ValueError(f"unknown fault kind {kind!r}")
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """The call a content fault changes, with what the fault needs to know of the tools offered."""
+
+    name: str
+    args: dict[str, Any]
+    tool: Tool
+    names: list[str]  # of every tool offered
+    props: dict[str, Any]  # the tool's declared parameters
+
+
+_Done = tuple[str, dict[str, Any], Fault]  # the call's new name and arguments, and the fault that made them
+
+
+def _tool_name_case(t: _Target, rng: random.Random) -> _Done | None:
+    variant = _case_variant(t.name, rng)
+    if variant is None:
+        return None
+    return variant, t.args, Fault("tool_name_case", _unique_key(variant, t.tool.name, t.names),
+                                  f"{t.name} -> {variant}")
+
+
+def _tool_name_separator(t: _Target, rng: random.Random) -> _Done | None:
+    variant = _separator_variant(t.name, rng)
+    if variant is None:
+        return None
+    return variant, t.args, Fault("tool_name_separator", _unique_key(variant, t.tool.name, t.names),
+                                  f"{t.name} -> {variant}")
+
+
+def _tool_name_prefix(t: _Target, rng: random.Random) -> _Done | None:
+    if ":" in t.name:
+        variant = t.name.rpartition(":")[2]
+        same_base = [n for n in t.names if name_key(base_name(n)) == name_key(variant)]
+        return variant, t.args, Fault("tool_name_prefix", same_base == [t.tool.name], f"{t.name} -> {variant}")
+    variant = rng.choice(("functions.", "default_api.", "tools.", "mcp__tools__")) + t.name
+    return variant, t.args, Fault("tool_name_prefix", _unique_key(t.name, t.tool.name, t.names),
+                                  f"{t.name} -> {variant}")
+
+
+def _param_name(t: _Target, rng: random.Random) -> _Done | None:
+    if not t.args:
+        return None
+    param = rng.choice(list(t.args))
+    candidates = (_camel(param), _split_camel(param), param.replace("_", "-"), param[:1].upper() + param[1:],
+                  param.upper())
+    variants = [v for v in dict.fromkeys(candidates) if v != param and v not in t.args]
+    if not variants:
+        return None
+    variant = rng.choice(variants)
+    renamed = {variant if k == param else k: v for k, v in t.args.items()}
+    required = _schema(t.tool).get("required")
+    noticed = _schema(t.tool).get("additionalProperties") is False or isinstance(required, list) and param in required
+    recoverable = noticed and _unique_key(variant, param, list(t.props))
+    return t.name, renamed, Fault("param_name", recoverable, f"{param} -> {variant}")
+
+
+def _enum_case(t: _Target, rng: random.Random) -> _Done | None:
+    options = [p for p, v in t.args.items() if isinstance(v, str) and isinstance(t.props.get(p), Mapping)
+               and isinstance(t.props[p].get("enum"), list) and v in t.props[p]["enum"]]
+    if not options:
+        return None
+    param = rng.choice(options)
+    enum = [e for e in t.props[param]["enum"] if isinstance(e, str)]
+    value = t.args[param]
+    variants = [v for v in dict.fromkeys((value.upper(), value.lower(), value.capitalize())) if v not in enum]
+    if not variants:
+        return None
+    variant = rng.choice(variants)
+    unique = [e for e in enum if e.casefold() == variant.casefold()] == [value]
+    return t.name, {**t.args, param: variant}, Fault("enum_case", unique, f"{param}: {value!r} -> {variant!r}")
+
+
+def _typed_params(t: _Target, python_types: tuple[type, ...]) -> list[str]:
+    """Parameters holding a value of these types whose schema says its type and does not take a string."""
+    return [p for p, v in t.args.items() if isinstance(v, python_types) and not isinstance(v, bool)
+            and schema_types(t.props.get(p)) and "string" not in schema_types(t.props.get(p))]
+
+
+def _number_as_string(t: _Target, rng: random.Random) -> _Done | None:
+    options = _typed_params(t, (int, float))
+    if not options:
+        return None
+    param = rng.choice(options)
+    return t.name, {**t.args, param: json.dumps(t.args[param])}, Fault("number_as_string", True, param)
+
+
+def _array_as_string(t: _Target, rng: random.Random) -> _Done | None:
+    options = _typed_params(t, (list, dict))
+    if not options:
+        return None
+    param = rng.choice(options)
+    return (t.name, {**t.args, param: json.dumps(t.args[param], ensure_ascii=False)},
+            Fault("array_as_string", True, param))
+
+
+def _extra_param(t: _Target, rng: random.Random) -> _Done | None:
+    keys = {name_key(p) for p in (*t.props, *t.args)}
+    options = [(p, v) for p, v in _EXTRA_PARAMS if name_key(p) not in keys]
+    if not options:
+        return None
+    param, value = rng.choice(options)
+    forbidden = _schema(t.tool).get("additionalProperties") is False
+    return t.name, {**t.args, param: value}, Fault("extra_param", forbidden, param)
+
+
+def _missing_required(t: _Target, rng: random.Random) -> _Done | None:
+    required = _schema(t.tool).get("required")
+    options = [p for p in t.args if isinstance(required, list) and p in required]
+    if not options:
+        return None
+    param = rng.choice(options)
+    return t.name, {k: v for k, v in t.args.items() if k != param}, Fault("missing_required", False, param)
+
+
+_CONTENT_FAULTS: dict[str, Callable[[_Target, random.Random], _Done | None]] = {
+    "tool_name_case": _tool_name_case, "tool_name_separator": _tool_name_separator,
+    "tool_name_prefix": _tool_name_prefix, "param_name": _param_name, "enum_case": _enum_case,
+    "number_as_string": _number_as_string, "array_as_string": _array_as_string, "extra_param": _extra_param,
+    "missing_required": _missing_required,
+}
 
 
 # --- rendering ------------------------------------------------------------------------------------------------------
@@ -380,11 +419,13 @@ def corrupt_calls(calls: Sequence[ToolCall], tools: Sequence[Tool], kinds: Seque
     unknown = wanted - set(KINDS)
     if unknown:
         raise ValueError(f"unknown fault kind(s): {', '.join(sorted(unknown))}")
+    names = [t.name for t in tools]
     faults: list[Fault] = []
     for kind in CONTENT_KINDS:
         if kind in wanted and work:
             target = rng.choice(work)
-            done = _content_fault(kind, target.name, target.args, target.tool, tools, rng)
+            done = _CONTENT_FAULTS[kind](
+                _Target(target.name, target.args, target.tool, names, _properties(target.tool)), rng)
             if done is not None:
                 target.name, target.args, fault = done
                 faults.append(fault)

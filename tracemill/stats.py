@@ -18,6 +18,7 @@ from typing import Any
 import click
 from sqlalchemy import Engine, and_, case, func, or_, select
 
+from tracemill.rates import percent, rate
 from tracemill.store.cli import database_option, resolve_db
 from tracemill.store.tables import ToolCallRow as C
 
@@ -37,10 +38,6 @@ def _count(condition: Any) -> Any:
     return func.coalesce(func.sum(case((condition, 1), else_=0)), 0)
 
 
-def _rate(numerator: int, denominator: int) -> float | None:
-    return numerator / denominator if denominator else None
-
-
 _CANNOT_RUN = or_(C.parsed.is_(False), C.name_valid.is_(False))
 _OUTCOME_KNOWN = or_(C.execution_status.is_not(None), _CANNOT_RUN)
 _COLUMNS = (
@@ -57,10 +54,10 @@ _COLUMNS = (
 
 def _metrics(row: Any) -> Metrics:
     return Metrics(
-        valid_tool_name_rate=_rate(row.valid_name, row.named),
-        input_schema_compliance=_rate(row.compliant, row.valid_name),
-        execution_success_rate=_rate(row.succeeded, row.outcome_known),
-        valid_call_failure_rate=_rate(row.valid_failed, row.valid_known),
+        valid_tool_name_rate=rate(row.valid_name, row.named),
+        input_schema_compliance=rate(row.compliant, row.valid_name),
+        execution_success_rate=rate(row.succeeded, row.outcome_known),
+        valid_call_failure_rate=rate(row.valid_failed, row.valid_known),
         total_calls=row.total,
     )
 
@@ -74,10 +71,6 @@ def compute(engine: Engine, by: str | None = None) -> tuple[Metrics, dict[str, M
             for row in conn.execute(select(key.label("key"), *_COLUMNS).group_by(key).order_by(key)):
                 groups["(none)" if row.key is None else str(row.key)] = _metrics(row)
     return overall, groups
-
-
-def _fmt(value: float | None) -> str:
-    return "—" if value is None else f"{value:.1%}"
 
 
 @click.command()
@@ -110,6 +103,6 @@ def stats(db_url: str | None, by: str | None, as_json: bool) -> None:
         table.add_column(heading, justify="right")
     rows = [("all", overall)] + ([] if not by else [(f"{by}={k}", v) for k, v in groups.items()])
     for label, m in rows:
-        table.add_row(label, str(m.total_calls), _fmt(m.valid_tool_name_rate), _fmt(m.input_schema_compliance),
-                      _fmt(m.execution_success_rate), _fmt(m.valid_call_failure_rate))
+        table.add_row(label, str(m.total_calls), percent(m.valid_tool_name_rate), percent(m.input_schema_compliance),
+                      percent(m.execution_success_rate), percent(m.valid_call_failure_rate))
     Console().print(table)

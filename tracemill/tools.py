@@ -1,8 +1,10 @@
-"""MCP tool definitions: one shape (`Tool`) for MCP, MCP-Bench, OpenAI and BFCL inputs, and hashing of tool lists."""
+"""MCP tool definitions: one shape (`Tool`) for MCP, MCP-Bench, OpenAI and BFCL inputs; tool lists indexed by name and
+hashed; how tool and parameter names are compared (`name_key`, `base_name`) and what types a schema admits."""
 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -83,6 +85,61 @@ def normalize_tools(tools: Iterable[Any] | None) -> list[Tool]:
     if isinstance(tools, (str, bytes, Mapping)):
         raise ToolFormatError(f"tools: expected a list of tools, got {type(tools).__name__}")
     return [normalize_tool(t, where=f"tools[{i}]") for i, t in enumerate(tools)]
+
+
+def tool_index(tools: Iterable[Any]) -> dict[str, Tool]:
+    """Tools in any accepted shape, by name: what `verify` and `revise` take to check many calls against one list."""
+    return {t.name: t for t in normalize_tools(tools)}
+
+
+_SEPARATORS = re.compile(r"[\s_\-.:/]+")
+_PREFIX = re.compile(r"[:./]|__")
+
+
+def name_key(name: str) -> str:
+    """A name with case and separators (`_ - . : /`, spaces) folded away: `Get-Weather` and `get_weather` match."""
+    return _SEPARATORS.sub("", name).casefold()
+
+
+def name_parts(name: str) -> list[str]:
+    """A name split at its server or namespace separators (`:`, `.`, `/`, `__`): `Server:tool` -> `Server`, `tool`."""
+    return _PREFIX.split(name)
+
+
+def base_name(name: str) -> str:
+    """A tool's own name, without the server or namespace prefix a model or MCP-Bench put before it."""
+    return name_parts(name)[-1]
+
+
+def schema_types(schema: Any) -> set[str]:
+    """The JSON types a schema admits, looking into `anyOf`/`oneOf`; empty when it does not say."""
+    if not isinstance(schema, Mapping):
+        return set()
+    t = schema.get("type")
+    found = {t} if isinstance(t, str) else {x for x in t if isinstance(x, str)} if isinstance(t, list) else set()
+    for key in ("anyOf", "oneOf"):
+        alternatives = schema.get(key)
+        if isinstance(alternatives, list):
+            for alt in alternatives:
+                found |= schema_types(alt)
+    return found
+
+
+def is_json_type(value: Any, t: str) -> bool:
+    """Whether a decoded JSON value is of JSON Schema type `t` (a bool is no number)."""
+    if t == "string":
+        return isinstance(value, str)
+    if t == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if t == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if t == "boolean":
+        return isinstance(value, bool)
+    if t == "array":
+        return isinstance(value, list)
+    if t == "object":
+        return isinstance(value, dict)
+    return t == "null" and value is None
 
 
 def toolset_hash(tools: Iterable[Tool]) -> str:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
@@ -20,7 +20,7 @@ from jsonschema import Draft202012Validator, SchemaError
 from jsonschema.exceptions import ValidationError
 from jsonschema.validators import validator_for
 
-from tracemill.tools import Tool, normalize_tools
+from tracemill.tools import Tool, tool_index
 
 
 class Stage(str, enum.Enum):
@@ -79,10 +79,10 @@ class Verdict:
 
     @property
     def schema_valid(self) -> bool | None:
-        """None when the call never reached the schema stage."""
+        """None when the tool is not known; False also when the arguments could not be read."""
         if self.tool is None:
             return None
-        return self.stage not in (Stage.SCHEMA,)
+        return self.stage not in (Stage.SCHEMA, Stage.PARSE)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -102,7 +102,8 @@ def pointer(*parts: str | int) -> str:
     return "".join("/" + _escape(str(p)) for p in parts)
 
 
-def _parse_failure(kind: str, where: str, message: str) -> Verdict:
+def parse_failure(kind: str, where: str, message: str) -> Verdict:
+    """The Verdict of output that could not be read as a call: one parse violation."""
     return Verdict(ok=False, stage=Stage.PARSE, violations=(Violation(Stage.PARSE, kind, where, message),))
 
 
@@ -117,30 +118,30 @@ def parse_call(raw: str | bytes | Mapping[str, Any] | ToolCall) -> ToolCall | Ve
         try:
             raw = json.loads(raw)
         except (ValueError, RecursionError) as exc:
-            return _parse_failure("invalid_json", "", f"not valid JSON: {exc}")
+            return parse_failure("invalid_json", "", f"not valid JSON: {exc}")
     if isinstance(raw, list):
-        return _parse_failure("not_a_single_call", "", f"expected one call object, got a list of {len(raw)}")
+        return parse_failure("not_a_single_call", "", f"expected one call object, got a list of {len(raw)}")
     if not isinstance(raw, Mapping):
-        return _parse_failure("not_a_call", "", f"expected a call object, got {type(raw).__name__}")
+        return parse_failure("not_a_call", "", f"expected a call object, got {type(raw).__name__}")
     body: Mapping[str, Any] = raw
     base: tuple[str, ...] = ()
     if "function" in raw and isinstance(raw["function"], Mapping) and "name" not in raw:
         body, base = raw["function"], ("function",)
     name = body.get("name")
     if not isinstance(name, str) or not name:
-        return _parse_failure("missing_name", pointer(*base, "name"), "the call has no tool name string")
+        return parse_failure("missing_name", pointer(*base, "name"), "the call has no tool name string")
     if "arguments" not in body:
-        return _parse_failure("missing_arguments", pointer(*base, "arguments"), "the call has no 'arguments'")
+        return parse_failure("missing_arguments", pointer(*base, "arguments"), "the call has no 'arguments'")
     arguments = body["arguments"]
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
         except (ValueError, RecursionError) as exc:
-            return _parse_failure("invalid_json", pointer(*base, "arguments"), f"arguments are not valid JSON: {exc}")
+            return parse_failure("invalid_json", pointer(*base, "arguments"), f"arguments are not valid JSON: {exc}")
     if arguments is None:
         arguments = {}
     if not isinstance(arguments, dict):
-        return _parse_failure(
+        return parse_failure(
             "arguments_not_object", pointer(*base, "arguments"),
             f"arguments must be an object, got {type(arguments).__name__}",
         )
@@ -261,21 +262,26 @@ def _violations(error: ValidationError) -> list[Violation]:
     return [Violation(Stage.SCHEMA, kind, pointer(*path), error.message)]
 
 
-def tool_index(tools: Iterable[Any]) -> dict[str, Tool]:
-    return {t.name: t for t in normalize_tools(tools)}
-
-
 def verify(
     raw_or_call: str | bytes | Mapping[str, Any] | ToolCall,
-    tools: Sequence[Any] | Mapping[str, Tool],
+    tools: Sequence[Any] | Mapping[str, Tool] | None,
     execution: Execution | None = None,
+    *,
+    name: str | None = None,
 ) -> Verdict:
     """Check one tool call against the tools the model was offered. `tools` may be any accepted tool shapes, or a
-    ready `tool_index` for callers that verify many calls against one list."""
+    ready `tool_index` for callers that verify many calls against one list; None when it is not known which tools
+    were offered: then nothing is judged past parsing (ok False, stage None unless the call does not parse).
+
+    `name`: the tool name of a native (structured) call, which names its tool apart from its arguments. When its
+    arguments cannot be read the name is still judged: the verdict fails at parse, its `tool` is the named tool when
+    that was offered, and the arguments do not comply with the schema."""
     parsed = parse_call(raw_or_call)
-    if isinstance(parsed, Verdict):
-        return parsed
+    if tools is None:
+        return parsed if isinstance(parsed, Verdict) else Verdict(ok=False, stage=None, call=parsed)
     index = tools if isinstance(tools, Mapping) else tool_index(tools)
+    if isinstance(parsed, Verdict):
+        return replace(parsed, tool=index[name]) if name is not None and name in index else parsed
     tool = index.get(parsed.name)
     if tool is None:
         return Verdict(

@@ -20,9 +20,8 @@ from tracemill.faults import PROFILES
 from tracemill.sdk.genai import HARNESS_VERSION
 from tracemill.simulate.delivery import Delivery, DeliveryError
 from tracemill.simulate.episodes import Episode, SeededIds, Settings, Summary
-from tracemill.simulate.scenarios import (Scenario, bfcl_scenarios, file_scenarios, legal_scenarios,
-                                          mcp_bench_scenarios)
-from tracemill.verify import tool_index
+from tracemill.simulate.scenarios import Scenario, bfcl_scenarios, file_scenarios, legal_scenarios, mcp_bench_scenarios
+from tracemill.tools import tool_index
 
 __all__ = ["DeliveryError", "Summary", "default_sources", "simulate"]
 

@@ -15,9 +15,10 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from tracemill.examples import request_words, sampled_arguments
 from tracemill.faults import Corrupted, Profile, corrupt_calls, sample_faults
+from tracemill.rates import rate
 from tracemill.sdk import genai
-from tracemill.simulate.arguments import arguments_for, request_words
 from tracemill.simulate.scenarios import MEDICAL_SERVERS, Scenario
 from tracemill.tools import Tool
 from tracemill.verify import Stage, ToolCall, Verdict, verify
@@ -49,8 +50,6 @@ class Summary:
     domains: Counter[str] = field(default_factory=Counter)
 
     def metrics(self) -> dict[str, float | int | None]:
-        def rate(a: int, b: int) -> float | None:
-            return a / b if b else None
         return {
             "valid_tool_name_rate": rate(self.name_valid, self.calls),
             "input_schema_compliance": rate(self.schema_valid, self.name_valid),
@@ -105,7 +104,7 @@ def _plan(scenario: Scenario, settings: Settings, rng: random.Random) -> list[li
     for _ in range(rng.choice((1, 1, 2, 2, 3, 4))):
         n = 2 if rng.random() < settings.parallel_rate else 1
         tools: list[Tool] = rng.sample(list(scenario.tools), min(n, len(scenario.tools)))
-        steps.append([ToolCall(t.name, arguments_for(t.input_schema, words, rng)) for t in tools])
+        steps.append([ToolCall(t.name, sampled_arguments(t.input_schema, words, rng)) for t in tools])
     return steps
 
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import orjson
 
-from tracemill.evaluation import BfclCase, bfcl_tool, load_bfcl
+from tracemill.bfcl import BfclCase, bfcl_tool, cases_from_rows, load_bfcl, package_jsonl, question
 from tracemill.sdk.genai import tool_definitions_json
-from tracemill.tools import Tool, load_mcp_bench, normalize_tools
-from tracemill.verify import ToolCall, tool_index, verify
+from tracemill.tools import Tool, load_mcp_bench, normalize_tools, tool_index
+from tracemill.verify import ToolCall, verify
 
 MEDICAL_SERVERS = frozenset({"Medical Calculator", "BioMCP"})
 
@@ -42,11 +42,6 @@ def _package_json(path: str) -> Any:
     return orjson.loads(resources.files("tracemill").joinpath(path).read_bytes())
 
 
-def _package_jsonl(path: str) -> list[dict[str, Any]]:
-    text = resources.files("tracemill").joinpath(path).read_bytes()
-    return [orjson.loads(line) for line in text.splitlines() if line.strip()]
-
-
 def mcp_bench_scenarios(servers: dict[str, list[Tool]] | None = None) -> list[Scenario]:
     """MCP-Bench's 104 tasks (those whose servers are all in `servers`), each offering the tools of its servers
     (named `Server:tool`, as MCP-Bench does)."""
@@ -69,21 +64,10 @@ def _bfcl_scenario(case: BfclCase, domain: str | None) -> Scenario | None:
     return _scenario(f"bfcl:{case.id}", case.question, case.tools, domain, reference)
 
 
-def _bfcl_cases(rows: list[dict[str, Any]], answers: dict[str, Any]) -> list[BfclCase]:
-    cases = []
-    for row in rows:
-        if row["id"] not in answers:
-            continue
-        question = "\n".join(m["content"] for turn in row["question"] for m in turn if m.get("role") == "user")
-        cases.append(BfclCase(row["id"], tuple(bfcl_tool(f) for f in row["function"]), question,
-                              tuple(answers[row["id"]])))
-    return cases
-
-
 def legal_scenarios() -> list[Scenario]:
     """BFCL's legal rows (lawsuits, court cases, statutes, lawyers), shipped in `data/simulate`."""
-    answers = {r["id"]: r["ground_truth"] for r in _package_jsonl("data/simulate/possible_answer_BFCL_v4_legal.json")}
-    cases = _bfcl_cases(_package_jsonl("data/simulate/BFCL_v4_legal.json"), answers)
+    answers = {r["id"]: r["ground_truth"] for r in package_jsonl("data/simulate/possible_answer_BFCL_v4_legal.json")}
+    cases = cases_from_rows(package_jsonl("data/simulate/BFCL_v4_legal.json"), answers)
     return [s for s in (_bfcl_scenario(c, "legal") for c in cases) if s is not None]
 
 
@@ -123,10 +107,9 @@ def file_scenarios(path: Path) -> list[Scenario]:
         answers = {r["id"]: r["ground_truth"] for r in map(orjson.loads, answer_file.read_bytes().splitlines())}
     scenarios = []
     for row in rows:
-        cases = _bfcl_cases([row], answers)
+        cases = cases_from_rows([row], answers)
         scenario = _bfcl_scenario(cases[0], None) if cases else None
         if scenario is None:  # no usable reference: the agent picks its calls itself
-            question = "\n".join(m["content"] for turn in row["question"] for m in turn if m.get("role") == "user")
-            scenario = _scenario(f"bfcl:{row['id']}", question, [bfcl_tool(f) for f in row["function"]])
+            scenario = _scenario(f"bfcl:{row['id']}", question(row), [bfcl_tool(f) for f in row["function"]])
         scenarios.append(scenario)
     return scenarios

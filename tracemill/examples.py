@@ -1,4 +1,6 @@
-"""Plausible, schema-valid arguments for a tool, drawn from its input schema and the user's request."""
+"""Values that fit a tool's input schema, for calls that come without data: `example_value` and `example_call` give one
+deterministic value (the eval suites' example calls, benchmarks), `sampled_value` and `sampled_arguments` draw
+plausible ones from a seeded generator and the user's request (the simulator's agents)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,58 @@ import re
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
+
+from tracemill.tools import Tool, schema_types
+from tracemill.verify import ToolCall, verify
+
+
+def example_value(schema: Any, name: str) -> Any:
+    """A plausible value that fits a property schema (for test calls over schemas that come without calls)."""
+    if not isinstance(schema, Mapping):
+        return None
+    for key in ("default", "const"):
+        if key in schema and schema[key] is not None:
+            return schema[key]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][len(schema["enum"]) // 2]
+    if isinstance(schema.get("examples"), list) and schema["examples"]:
+        return schema["examples"][0]
+    types = schema_types(schema) - {"null"}
+    kind = sorted(types)[0] if types else "string"
+    if kind == "integer":
+        low = schema.get("minimum", 1)
+        return int(max(low, min(schema.get("maximum", 12), 12)))
+    if kind == "number":
+        return float(max(schema.get("minimum", 0.5), min(schema.get("maximum", 2.5), 2.5)))
+    if kind == "boolean":
+        return True
+    if kind == "array":
+        item = example_value(schema.get("items"), name)
+        return [item] if item is not None else []
+    if kind == "object":
+        return {}
+    words = re.findall(r"[a-z]+", _split_words(name))
+    return " ".join(words) or "example"
+
+
+def _split_words(name: str) -> str:
+    return re.sub(r"(?<=[a-z])([A-Z])", r" \1", name).replace("_", " ").lower()
+
+
+def example_call(tool: Tool) -> ToolCall | None:
+    """A valid call to `tool` with every property it can fill (only the required ones if that fails)."""
+    props = tool.input_schema.get("properties", {}) if isinstance(tool.input_schema, Mapping) else {}
+    required = tool.input_schema.get("required", []) if isinstance(tool.input_schema, Mapping) else []
+    full = {p: example_value(s, p) for p, s in props.items()}
+    for arguments in (full, {p: v for p, v in full.items() if p in required}):
+        call = ToolCall(tool.name, {p: v for p, v in arguments.items() if v is not None})
+        if verify(call, [tool]).ok:
+            return call
+    return None
+
+
+
+# --- sampled ---------------------------------------------------------------------------------------------------------
 
 _WORD = re.compile(r"[A-Za-z][A-Za-z\-]{3,}")
 _STOP = frozenset("that this with from have about what which would could there their they them then than into also "
@@ -81,7 +135,7 @@ def _string(name: str, words: Sequence[str], rng: random.Random) -> str:
     return " ".join(words[start:start + rng.randint(1, 3)])
 
 
-def value_for(schema: Any, name: str, words: Sequence[str], rng: random.Random, depth: int = 0) -> Any:
+def sampled_value(schema: Any, name: str, words: Sequence[str], rng: random.Random, depth: int = 0) -> Any:
     """One value that satisfies `schema` (the JSON Schema subset tool definitions use)."""
     if not isinstance(schema, Mapping):
         return _string(name, words, rng)
@@ -100,17 +154,17 @@ def value_for(schema: Any, name: str, words: Sequence[str], rng: random.Random, 
         return rng.random() < 0.5
     if t == "array":
         if isinstance(schema.get("prefixItems"), list):
-            return [value_for(item, name, words, rng, depth + 1) for item in schema["prefixItems"]]
+            return [sampled_value(item, name, words, rng, depth + 1) for item in schema["prefixItems"]]
         low = int(schema.get("minItems", 1))
         high = max(low, min(int(schema.get("maxItems", 3)), 3))
         item = schema.get("items", {"type": "string"})
-        return [value_for(item, name, words, rng, depth + 1) for _ in range(rng.randint(low, high))]
+        return [sampled_value(item, name, words, rng, depth + 1) for _ in range(rng.randint(low, high))]
     if t == "object":
-        return arguments_for(schema, words, rng, depth + 1) if depth < 4 else {}
+        return sampled_arguments(schema, words, rng, depth + 1) if depth < 4 else {}
     return _string(name, words, rng)
 
 
-def arguments_for(schema: Mapping[str, Any], words: Sequence[str], rng: random.Random, depth: int = 0,
+def sampled_arguments(schema: Mapping[str, Any], words: Sequence[str], rng: random.Random, depth: int = 0,
                   optional_rate: float = 0.5) -> dict[str, Any]:
     """Every required parameter, and each optional one at `optional_rate`."""
     props = schema.get("properties")
@@ -120,5 +174,5 @@ def arguments_for(schema: Mapping[str, Any], words: Sequence[str], rng: random.R
     args: dict[str, Any] = {}
     for name, prop in props.items():
         if name in required or rng.random() < optional_rate:
-            args[name] = value_for(prop, name, words, rng, depth)
+            args[name] = sampled_value(prop, name, words, rng, depth)
     return args

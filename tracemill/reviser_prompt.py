@@ -1,0 +1,206 @@
+"""The one prompt a model reviser sees, built the same way for mining, training and serving.
+
+A prompt holds the model's raw output, the conversation it answered (the newest turns that fit a token budget, the
+user's last request always among them) and a compact tool context: the tools the output names and their nearest
+neighbours by name and description, never the whole list (agent contexts reach 57k-128k tokens; the reviser must not
+need them). Sections are tagged plain text, so that JSON in the output is not escaped twice:
+
+    system: how to answer                      (left out with `PromptSettings(system=False)`)
+    user:   <tools>one JSON tool per line</tools>
+            <conversation>role: text, one turn per line</conversation>
+            <output>the raw output</output>
+
+The answer a reviser gives is the intended call, or a JSON array of calls, as `{"name": ..., "arguments": {...}}`.
+`PromptSettings` are recorded with every dataset and model, so that a model is always asked the way it was trained.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import orjson
+
+from tracemill.names import match_tool
+from tracemill.reader import read
+from tracemill.tools import Tool, base_name, name_key
+
+SYSTEM = ("You repair tool calls. Given the tools, the conversation and a model's output, reply with only the tool "
+          'call the model meant, as JSON: {"name": ..., "arguments": {...}}, or a JSON array of such calls. Use only '
+          "values found in the output or the conversation; never make up a value. If the output is already a valid "
+          "call, repeat it unchanged.")
+_WORDS = re.compile(r"[a-z0-9]+")
+_IDENTIFIERS = re.compile(r"[A-Za-z_][\w.:\-]*")
+_NOT_CONVERSATION = frozenset({"system", "developer"})
+
+
+@dataclass(frozen=True, slots=True)
+class PromptSettings:
+    max_tools: int = 4  # the tools the output names, then their nearest neighbours
+    budget_tokens: int = 1024  # for the conversation; the tools and the output always go in whole
+    descriptions: bool = True  # each tool's description, cut to `description_chars`
+    description_chars: int = 300
+    system: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> PromptSettings:
+        known = {k: v for k, v in (data or {}).items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+@dataclass(frozen=True, slots=True)
+class ReviserPrompt:
+    messages: tuple[dict[str, str], ...]  # {"role", "content"}, as chat templates and TRL's conversational data take
+    tools: tuple[Tool, ...]  # the tools the prompt shows
+
+    def to_list(self) -> list[dict[str, str]]:
+        return [dict(m) for m in self.messages]
+
+
+def approx_tokens(text: str) -> int:
+    """A tokenizer-free estimate (about four characters a token), for when no tokenizer is at hand."""
+    return len(text) // 4 + 1
+
+
+def _words(text: str) -> set[str]:
+    return {w for w in _WORDS.findall(re.sub(r"(?<=[a-z])([A-Z])", r" \1", text).lower()) if len(w) > 2}
+
+
+def _name_score(name: str, tool: str) -> float:
+    full = difflib.SequenceMatcher(None, name_key(name), name_key(tool), autojunk=False).ratio()
+    short = difflib.SequenceMatcher(None, name_key(base_name(name)), name_key(base_name(tool)), autojunk=False)
+    return max(full, short.ratio())
+
+
+def nearest_tools(raw: str, index: Mapping[str, Tool], request: str = "", k: int = 4) -> list[Tool]:
+    """The tools the output names (as the reviser reads names), then the ones closest to those names and to the
+    words of the output and the request, `k` at most."""
+    names = [c.name for c in read(raw, index).calls if isinstance(c.name, str) and c.name]
+    if not names:
+        names = [w for w in _IDENTIFIERS.findall(raw) if len(w) > 3][:20]
+    chosen: dict[str, Tool] = {}
+    for name in names:
+        hit = name if name in index else (match_tool(name, index) or (None, ""))[0]
+        if hit is not None and len(chosen) < k:
+            chosen[hit] = index[hit]
+    words = _words(f"{raw} {request}")
+    scored = []
+    for tool in index.values():
+        if tool.name in chosen:
+            continue
+        by_name = max((_name_score(n, tool.name) for n in names), default=0.0)
+        about = _words(f"{tool.name} {tool.description}")
+        by_words = len(words & about) / len(about) if about else 0.0
+        scored.append((by_name + 0.5 * by_words, tool.name))
+    for _, name in sorted(scored, key=lambda s: (-s[0], s[1]))[: max(0, k - len(chosen))]:
+        chosen[name] = index[name]
+    return list(chosen.values())
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        pieces = [_part_text(p) for p in value]
+        return " ".join(p for p in pieces if p)
+    if value is None:
+        return ""
+    return orjson.dumps(value, default=str).decode()
+
+
+def _part_text(part: Any) -> str:
+    if isinstance(part, str):
+        return part
+    if not isinstance(part, Mapping):
+        return ""
+    kind = part.get("type")
+    if kind == "tool_call":
+        return _call_text(part.get("name"), part.get("arguments"))
+    if kind == "tool_call_response":
+        return _text(part.get("response"))
+    return _text(part.get("text", part.get("content")))
+
+
+def _call_text(name: Any, arguments: Any) -> str:
+    shown = arguments if isinstance(arguments, str) else orjson.dumps(arguments, default=str).decode()
+    return f"{name}({shown})"
+
+
+def message_text(message: Any) -> tuple[str, str]:
+    """(role, text) of one conversation message: OpenAI chat, GenAI (`parts`) or LangChain shaped, or a string."""
+    if isinstance(message, str):
+        return "user", message
+    if not isinstance(message, Mapping):
+        return "user", _text(message)
+    role = str(message.get("role") or message.get("type") or "user")
+    pieces = [_text(message.get("parts") if "parts" in message else message.get("content"))]
+    for call in message.get("tool_calls") or ():
+        if isinstance(call, Mapping):
+            function = call.get("function") if isinstance(call.get("function"), Mapping) else call
+            pieces.append(_call_text(function.get("name"), function.get("arguments", function.get("args"))))
+    return role, " ".join(p for p in pieces if p)
+
+
+def conversation(context: Sequence[Any] | None, budget_tokens: int,
+                 count_tokens: Callable[[str], int] = approx_tokens) -> list[str]:
+    """The turns of a conversation as `role: text` lines: the newest that fit the budget, in order. The user's last
+    request is always kept, cut to the budget when it alone is over it. System prompts are left out."""
+    turns = [message_text(m) for m in context or ()]
+    lines = [f"{role}: {text}" for role, text in turns if role not in _NOT_CONVERSATION and text]
+    roles = [role for role, text in turns if role not in _NOT_CONVERSATION and text]
+    request = max((i for i, role in enumerate(roles) if role in ("user", "human")), default=None)
+    kept: dict[int, str] = {}
+    used = 0
+    if request is not None:
+        line = lines[request]
+        cost = count_tokens(line)
+        if cost > budget_tokens:
+            line = line[: max(1, len(line) * budget_tokens // cost)]
+        kept[request] = line
+        used = count_tokens(line)
+    for i in range(len(lines) - 1, -1, -1):
+        if i == request:
+            continue
+        cost = count_tokens(lines[i])
+        if used + cost > budget_tokens:
+            break
+        kept[i] = lines[i]
+        used += cost
+    return [kept[i] for i in sorted(kept)]
+
+
+def _tool_line(tool: Tool, settings: PromptSettings) -> str:
+    shown: dict[str, Any] = {"name": tool.name}
+    if settings.descriptions and tool.description:
+        shown["description"] = tool.description[: settings.description_chars]
+    shown["parameters"] = dict(tool.input_schema)
+    return orjson.dumps(shown).decode()
+
+
+def _request(context: Sequence[Any] | None) -> str:
+    for message in reversed(list(context or ())):
+        role, text = message_text(message)
+        if role in ("user", "human"):
+            return text
+    return ""
+
+
+def build_prompt(raw: str, index: Mapping[str, Tool], context: Sequence[Any] | None = None,
+                 settings: PromptSettings = PromptSettings(),
+                 count_tokens: Callable[[str], int] = approx_tokens) -> ReviserPrompt:
+    """The reviser's prompt for one model output (`index`: the tools offered, as `tool_index` builds them)."""
+    tools = nearest_tools(raw, index, _request(context), settings.max_tools)
+    turns = conversation(context, settings.budget_tokens, count_tokens)
+    sections = ["<tools>", *(_tool_line(t, settings) for t in tools), "</tools>"]
+    if turns:
+        sections += ["<conversation>", *turns, "</conversation>"]
+    sections += ["<output>", raw, "</output>"]
+    user = {"role": "user", "content": "\n".join(sections)}
+    messages = ({"role": "system", "content": SYSTEM}, user) if settings.system else (user,)
+    return ReviserPrompt(messages, tuple(tools))
