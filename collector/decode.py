@@ -16,7 +16,7 @@ import orjson
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from tracemill.collector.spans import SpanRecord
+from tracemill.spans import SpanRecord
 
 _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16

@@ -25,8 +25,8 @@ from typing import Any
 
 import orjson
 
-from tracemill.collector.spans import SpanRecord
 from tracemill.reader import holds_call
+from tracemill.spans import SpanRecord
 from tracemill.tools import Tool, ToolFormatError, normalize_tool, tool_index
 
 RESULT_LIMIT = 64 * 1024  # characters of a tool result kept

@@ -14,10 +14,11 @@ from sqlalchemy import Connection, Dialect, bindparam, select, update
 
 from tracemill.collector.domains import call_domain
 from tracemill.collector.normalize import Extracted, ExtractedCall, ExtractedExecution, extract
-from tracemill.collector.spans import SpanRecord
+from tracemill.spans import SpanRecord
 from tracemill.store.bulk import BulkInsert
 from tracemill.store.engine import insert_ignoring_duplicates
-from tracemill.store.payloads import PAYLOAD_MIN_CHARS, reference, resolve
+from tracemill.store.payloads import PAYLOAD_MIN_CHARS, reference
+from tracemill.store.queries import trace_spans
 from tracemill.store.tables import PayloadRow, SpanRow, ToolCallRow, ToolExecutionRow, ToolsetRow, utcnow
 from tracemill.tools import Tool, tool_index, toolset_hash
 from tracemill.verify import verify
@@ -167,15 +168,7 @@ class SpanWriter:
         tools = self._trace_tools.get(trace_id)
         if tools is not None:
             return tools
-        stored = conn.execute(
-            select(_SPANS.c.span_id, _SPANS.c.name, _SPANS.c.attributes, _SPANS.c.resource, _SPANS.c.events)
-            .where(_SPANS.c.trace_id == trace_id).order_by(_SPANS.c.start_time_ns)
-        ).all()
-        for s in stored:
-            if not isinstance(s.attributes, dict):
-                continue
-            span = SpanRecord(trace_id, s.span_id, None, s.name, 0, 0, 0, 0, "", resolve(conn, s.attributes),
-                              s.resource or {}, events=s.events or [])
+        for span in trace_spans(conn, trace_id):
             tools = extract(span).offered_tools or tools
         if tools is not None:
             self._trace_tools.put(trace_id, tools)

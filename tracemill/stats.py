@@ -12,14 +12,16 @@ A rate with nothing to divide by is null.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime
 from typing import Any
 
 import click
 from sqlalchemy import Engine, and_, case, func, or_, select
 
 from tracemill.rates import percent, rate
-from tracemill.store.cli import database_option, resolve_db
+from tracemill.store.cli import DATE, call_filter_options, database_option, resolve_db
+from tracemill.store.queries import CallFilter, FilterError, check_filter
 from tracemill.store.tables import ToolCallRow as C
 
 GROUPS = {"model": C.model, "tool": C.name, "harness": C.harness_version, "domain": C.domain}
@@ -62,13 +64,15 @@ def _metrics(row: Any) -> Metrics:
     )
 
 
-def compute(engine: Engine, by: str | None = None) -> tuple[Metrics, dict[str, Metrics]]:
+def compute(engine: Engine, by: str | None = None,
+            where: CallFilter = CallFilter()) -> tuple[Metrics, dict[str, Metrics]]:
     with engine.connect() as conn:
-        overall = _metrics(conn.execute(select(*_COLUMNS).select_from(C)).one())
+        overall = _metrics(conn.execute(where.apply(select(*_COLUMNS).select_from(C))).one())
         groups: dict[str, Metrics] = {}
         if by:
             key = GROUPS[by]
-            for row in conn.execute(select(key.label("key"), *_COLUMNS).group_by(key).order_by(key)):
+            grouped = where.apply(select(key.label("key"), *_COLUMNS)).group_by(key).order_by(key)
+            for row in conn.execute(grouped):
                 groups["(none)" if row.key is None else str(row.key)] = _metrics(row)
     return overall, groups
 
@@ -77,8 +81,12 @@ def compute(engine: Engine, by: str | None = None) -> tuple[Metrics, dict[str, M
 @database_option
 @click.option("--by", type=click.Choice(sorted(GROUPS)), help="Also give the figures per model, tool, harness "
               "version or domain.")
+@call_filter_options
+@click.option("--since", type=DATE, help="Only calls stored at or after this date (UTC).")
+@click.option("--until", type=DATE, help="Only calls stored before this date (UTC).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: the five overall figures, plus `groups`.")
-def stats(db_url: str | None, by: str | None, as_json: bool) -> None:
+def stats(db_url: str | None, by: str | None, where: CallFilter, since: datetime | None, until: datetime | None,
+          as_json: bool) -> None:
     """MCP-Bench's rule-based metrics over the stored tool calls.
 
     valid_tool_name_rate, input_schema_compliance, execution_success_rate, valid_call_failure_rate and total_calls;
@@ -90,7 +98,13 @@ def stats(db_url: str | None, by: str | None, as_json: bool) -> None:
     if current_revision(engine) is None:
         raise click.ClickException(f"no Tracemill store at {engine.url.render_as_string(hide_password=True)} "
                                    "(start the collector on it, or run `tracemill db upgrade`)")
-    overall, groups = compute(engine, by)
+    where = replace(where, since=since, until=until)
+    with engine.connect() as conn:
+        try:
+            check_filter(conn, where)
+        except FilterError as exc:
+            raise click.ClickException(str(exc)) from None
+    overall, groups = compute(engine, by, where)
     if as_json:
         click.echo(json.dumps({**asdict(overall), "groups": {k: asdict(v) for k, v in groups.items()}}, indent=2))
         return

@@ -1,6 +1,10 @@
-"""`tracemill db`: schema migrations."""
+"""`tracemill db`: schema migrations; and the options every command that reads the store shares."""
 
 from __future__ import annotations
+
+import functools
+from datetime import UTC, datetime
+from typing import Any
 
 import click
 
@@ -16,6 +20,40 @@ def resolve_db(db_url: str | None) -> str:
     return db_url or get_settings().database_url
 
 
+class UTCDateTime(click.ParamType):
+    """A date or date and time in ISO 8601 (`2026-11-30`, `2026-11-30T08:00`); UTC unless it names its zone."""
+
+    name = "DATE"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> datetime:
+        if isinstance(value, datetime):
+            return value
+        try:
+            parsed = datetime.fromisoformat(str(value))
+        except ValueError:
+            self.fail(f"{value!r} is not a date (use ISO 8601, e.g. 2026-11-30 or 2026-11-30T08:00)", param, ctx)
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+DATE = UTCDateTime()
+
+
+def call_filter_options(func):  # type: ignore[no-untyped-def]
+    """--model, --harness, --domain, --tool: which stored calls a command reads, passed on as `where` (a CallFilter)
+    with anything the command adds later (dates, ids)."""
+    from tracemill.store.queries import CallFilter
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, model: str | None, harness: str | None, domain: str | None, tool: str | None,
+                **kwargs: Any) -> Any:
+        return func(*args, where=CallFilter(model=model, harness_version=harness, domain=domain, tool=tool), **kwargs)
+
+    for name, what in (("tool", "tool name"), ("domain", "domain (medical, legal, ...)"),
+                       ("harness", "harness version"), ("model", "model")):
+        wrapper = click.option(f"--{name}", default=None, help=f"Only calls with this {what}.")(wrapper)
+    return wrapper
+
+
 @click.group()
 def db() -> None:
     """Manage the store's schema."""
@@ -26,7 +64,8 @@ def db() -> None:
 def upgrade(db_url: str | None) -> None:
     """Migrate the store to the newest schema."""
     from tracemill.store.engine import make_engine
-    from tracemill.store.migrate import current_revision, upgrade as run_upgrade
+    from tracemill.store.migrate import current_revision
+    from tracemill.store.migrate import upgrade as run_upgrade
 
     engine = make_engine(resolve_db(db_url))
     run_upgrade(engine)

@@ -1,4 +1,4 @@
-"""Spans as the collector holds them once decoded from OTLP (protobuf or JSON), before anything is stored."""
+"""A span as Tracemill holds it: decoded from OTLP (protobuf or JSON) by the collector, or read back from the store."""
 
 from __future__ import annotations
 

@@ -1,0 +1,193 @@
+"""The store's read side: tool calls by filter (streamed in batches), a trace's spans with their payloads back in place,
+the tools a call was offered. `tracemill stats`, the miner, the UI and the collector's look-backs read through here;
+nothing here writes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import ColumnElement, Connection, Engine, Select, and_, func, or_, select
+
+from tracemill.spans import SpanRecord
+from tracemill.store.payloads import resolve
+from tracemill.store.tables import SpanRow, ToolCallRow, ToolsetRow
+from tracemill.tools import Tool, normalize_tools
+
+C = ToolCallRow
+
+
+class FilterError(ValueError):
+    """A filter value the store holds no call for; the message names the filter and the value."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallFilter:
+    """Which tool calls to read. Unset fields do not filter."""
+
+    since: datetime | None = None  # stored at or after
+    until: datetime | None = None  # stored before
+    after_id: int | None = None  # tool_calls.id greater than this (what is new since an earlier read)
+    model: str | None = None
+    harness_version: str | None = None
+    domain: str | None = None
+    tool: str | None = None
+    trace_id: str | None = None
+    failed: bool | None = None  # True: a verifier stage failed or the execution failed; False: neither
+
+    def conditions(self) -> list[ColumnElement[bool]]:
+        found: list[ColumnElement[bool]] = []
+        for value, condition in ((self.since, lambda v: C.created_at >= v), (self.until, lambda v: C.created_at < v),
+                                 (self.after_id, lambda v: C.id > v), (self.model, lambda v: C.model == v),
+                                 (self.harness_version, lambda v: C.harness_version == v),
+                                 (self.domain, lambda v: C.domain == v), (self.tool, lambda v: C.name == v),
+                                 (self.trace_id, lambda v: C.trace_id == v)):
+            if value is not None:
+                found.append(condition(value))
+        if self.failed is not None:
+            ran_well = or_(C.execution_status.is_(None), C.execution_status != "error")  # NULL-safe, unlike NOT
+            found.append(or_(C.stage.is_not(None), ~ran_well) if self.failed else and_(C.stage.is_(None), ran_well))
+        return found
+
+    def apply(self, statement: Select[Any]) -> Select[Any]:
+        conditions = self.conditions()
+        return statement.where(and_(*conditions)) if conditions else statement
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: (v.isoformat() if isinstance(v, datetime) else v)
+                for f in fields(self) if (v := getattr(self, f.name)) is not None}
+
+
+_CHECKED = {"model": C.model, "harness_version": C.harness_version, "domain": C.domain, "tool": C.name}
+
+
+def check_filter(conn: Connection, f: CallFilter) -> None:
+    """Raise FilterError when a model, harness version, domain or tool named in `f` matches no stored call, so that a
+    typo is said rather than read as "nothing there"."""
+    for name, column in _CHECKED.items():
+        value = getattr(f, name)
+        if value is not None and conn.execute(select(column).where(column == value).limit(1)).first() is None:
+            known = [v for v in conn.execute(select(column).distinct().limit(21)).scalars() if v is not None]
+            shown = ", ".join(map(str, sorted(known)[:20])) + (", ..." if len(known) > 20 else "")
+            raise FilterError(f"no stored call has {name.replace('_', ' ')} {value!r}; known: {shown or 'none'}")
+
+
+@dataclass(frozen=True, slots=True)
+class StoredCall:
+    """One row of `tool_calls` (see `tracemill.store.tables.ToolCallRow` for what each field holds)."""
+
+    id: int
+    trace_id: str
+    span_id: str
+    call_index: int
+    tool_call_id: str | None
+    raw: str
+    name: str | None
+    arguments: dict[str, Any] | None
+    toolset_id: int | None
+    parsed: bool
+    name_valid: bool | None
+    schema_valid: bool | None
+    stage: str | None
+    violations: list[dict[str, Any]]
+    execution_status: str | None
+    execution_error: str | None
+    execution_result: str | None
+    execution_span_id: str | None
+    model: str | None
+    harness_version: str | None
+    domain: str | None
+    repairs_id: int | None
+    start_time_ns: int
+    created_at: datetime
+
+    @property
+    def failed(self) -> bool:
+        return self.stage is not None or self.execution_status == "error"
+
+
+_CALL_COLUMNS = tuple(getattr(C, f.name) for f in fields(StoredCall))
+
+
+def calls(conn: Connection, f: CallFilter = CallFilter(), limit: int | None = None) -> list[StoredCall]:
+    """The calls `f` selects, oldest first."""
+    statement = f.apply(select(*_CALL_COLUMNS)).order_by(C.id)
+    if limit is not None:
+        statement = statement.limit(limit)
+    return [StoredCall(*row) for row in conn.execute(statement)]
+
+
+def iter_calls(engine: Engine, f: CallFilter = CallFilter(), batch: int = 5000) -> Iterator[list[StoredCall]]:
+    """The calls `f` selects in batches, oldest first: each batch is read in its own short transaction (keyed on the
+    id), so that a long read neither holds memory for the whole store nor keeps a SQLite WAL from being reset."""
+    last = f.after_id
+    while True:
+        with engine.connect() as conn:
+            page = calls(conn, CallFilter(**{**_as_kwargs(f), "after_id": last}), batch)
+        if not page:
+            return
+        yield page
+        last = page[-1].id
+
+
+def _as_kwargs(f: CallFilter) -> dict[str, Any]:
+    return {field.name: getattr(f, field.name) for field in fields(f)}
+
+
+def count_calls(conn: Connection, f: CallFilter = CallFilter()) -> int:
+    return int(conn.execute(f.apply(select(func.count()).select_from(C))).scalar_one())
+
+
+def call(conn: Connection, call_id: int) -> StoredCall | None:
+    row = conn.execute(select(*_CALL_COLUMNS).where(C.id == call_id)).first()
+    return StoredCall(*row) if row is not None else None
+
+
+def toolsets(conn: Connection, ids: Iterable[int]) -> dict[int, list[Tool]]:
+    """The tool lists with these ids, as Tools."""
+    wanted = set(ids)
+    if not wanted:
+        return {}
+    rows = conn.execute(select(ToolsetRow.id, ToolsetRow.tools).where(ToolsetRow.id.in_(wanted)))
+    return {row.id: normalize_tools(row.tools) for row in rows}
+
+
+def _span(conn: Connection, row: Any, resolved: bool) -> SpanRecord:
+    attributes = row.attributes if isinstance(row.attributes, dict) else {}
+    return SpanRecord(
+        trace_id=row.trace_id, span_id=row.span_id, parent_span_id=row.parent_span_id, name=row.name, kind=row.kind,
+        start_time_ns=row.start_time_ns, end_time_ns=row.end_time_ns, status_code=row.status_code,
+        status_message=row.status_message, attributes=resolve(conn, attributes) if resolved else dict(attributes),
+        resource=row.resource or {}, scope_name=row.scope_name, events=row.events or [], links=row.links or [])
+
+
+_SPAN_COLUMNS = (SpanRow.trace_id, SpanRow.span_id, SpanRow.parent_span_id, SpanRow.name, SpanRow.kind,
+                 SpanRow.start_time_ns, SpanRow.end_time_ns, SpanRow.status_code, SpanRow.status_message,
+                 SpanRow.attributes, SpanRow.resource, SpanRow.scope_name, SpanRow.events, SpanRow.links)
+
+
+def trace_spans(conn: Connection, trace_id: str, resolved: bool = True) -> list[SpanRecord]:
+    """A trace's spans in start order. With `resolved`, large values stored once (`payloads`) are back in place; a
+    reader of huge traces asks for `resolved=False` and pages through `payloads.read_payload` instead."""
+    rows = conn.execute(select(*_SPAN_COLUMNS).where(SpanRow.trace_id == trace_id)
+                        .order_by(SpanRow.start_time_ns, SpanRow.id))
+    return [_span(conn, row, resolved) for row in rows]
+
+
+def span(conn: Connection, trace_id: str, span_id: str, resolved: bool = True) -> SpanRecord | None:
+    row = conn.execute(select(*_SPAN_COLUMNS).where(SpanRow.trace_id == trace_id, SpanRow.span_id == span_id)).first()
+    return _span(conn, row, resolved) if row is not None else None
+
+
+def trace_calls(conn: Connection, trace_ids: Sequence[str]) -> dict[str, list[StoredCall]]:
+    """The calls of these traces, each trace's in the order they were made."""
+    found: dict[str, list[StoredCall]] = {t: [] for t in trace_ids}
+    if not found:
+        return found
+    rows = conn.execute(select(*_CALL_COLUMNS).where(C.trace_id.in_(set(trace_ids)))
+                        .order_by(C.trace_id, C.start_time_ns, C.call_index, C.id))
+    for row in rows:
+        found[row.trace_id].append(StoredCall(*row))
+    return found
