@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -138,3 +138,92 @@ class ApiKeyRow(Base):
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+# --- the learning half of the loop: what was mined, reviewed, trained and deployed ----------------------------------
+
+class DatasetRow(Base):
+    """One `tracemill mine` export: where it is, what went in (filters, the newest call it read), and its card."""
+
+    __tablename__ = "datasets"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(Text)
+    path: Mapped[str] = mapped_column(Text)  # the export folder: train.jsonl, eval.jsonl, Parquet, dataset.json
+    content_hash: Mapped[str] = mapped_column(String(64))  # of the exported rows, as the card states it
+    filters: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    last_call_id: Mapped[int | None] = mapped_column(BigInteger)  # the newest tool_calls.id read: `--since last`
+    train_rows: Mapped[int] = mapped_column(Integer)
+    eval_rows: Mapped[int] = mapped_column(Integer)
+    card: Mapped[dict[str, Any]] = mapped_column(JSONType)  # dataset.json: counts, provenance, prompt settings, ...
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ReviewRow(Base):
+    """A person's decision on one tool call (append-only audit: rows are never updated or deleted). The first decision
+    on a call stands: a second one for the same call is refused by the unique key."""
+
+    __tablename__ = "reviews"
+    __table_args__ = (UniqueConstraint("call_id", name="uq_reviews_call"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    call_id: Mapped[int] = mapped_column(ForeignKey("tool_calls.id"))
+    reviewer: Mapped[str] = mapped_column(Text)
+    decision: Mapped[str] = mapped_column(String(16))  # approve | reject | edit (edited, then approved)
+    before: Mapped[dict[str, Any] | None] = mapped_column(JSONType)  # the call shown to the reviewer
+    after: Mapped[dict[str, Any] | None] = mapped_column(JSONType)  # the approved call (approve, edit); None: reject
+    note: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class FindingRow(Base):
+    """What a miner agent found that rules cannot label: a hypothesis, its evidence, and what to change. Consolidated
+    by `key`: the same finding seen again is merged into its row, a stale one expires."""
+
+    __tablename__ = "findings"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[str] = mapped_column(String(64), unique=True)
+    hypothesis: Mapped[str] = mapped_column(Text)
+    evidence: Mapped[list[Any]] = mapped_column(JSONType)  # span and trace ids
+    suggestion: Mapped[str | None] = mapped_column(Text)  # a harness change (prompt, tool description)
+    examples: Mapped[list[Any]] = mapped_column(JSONType)  # labelled examples
+    status: Mapped[str] = mapped_column(String(16))  # open | merged | expired
+    seen: Mapped[int] = mapped_column(Integer)
+    first_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ModelRow(Base):
+    """A trained reviser version: its base, its weights or adapter, the data and config it was trained with, and its
+    training and eval figures."""
+
+    __tablename__ = "models"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(Text, unique=True)  # the version's name, e.g. reviser-0003
+    base_model: Mapped[str] = mapped_column(Text)
+    kind: Mapped[str] = mapped_column(String(16))  # lora | full
+    path: Mapped[str] = mapped_column(Text)  # the adapter or model directory
+    dataset_id: Mapped[int | None] = mapped_column(ForeignKey("datasets.id"))
+    dataset_hash: Mapped[str | None] = mapped_column(String(64))
+    config: Mapped[dict[str, Any]] = mapped_column(JSONType)  # the training config, prompt settings included
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSONType)  # training: reward per term, KL, ...
+    evaluation: Mapped[dict[str, Any]] = mapped_column(JSONType)  # `tracemill eval` figures beside `rules`
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class DeploymentRow(Base):
+    """One change of what a sidecar serves (append-only: the newest row per role is what is served now). A rollback is
+    a new row naming the version it goes back to."""
+
+    __tablename__ = "deployments"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_id: Mapped[int | None] = mapped_column(ForeignKey("models.id"))  # None: the rules reviser alone
+    role: Mapped[str] = mapped_column(String(16))  # active | canary
+    canary_percent: Mapped[float | None] = mapped_column(Float)
+    action: Mapped[str] = mapped_column(String(16))  # deploy | canary | rollback | end_canary
+    actor: Mapped[str] = mapped_column(Text)  # who
+    justification: Mapped[dict[str, Any]] = mapped_column(JSONType)  # the eval figures that justified it
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
