@@ -27,7 +27,6 @@ import queue
 import random
 import shutil
 import signal
-import socket
 import sqlite3
 import struct
 import subprocess
@@ -47,6 +46,8 @@ from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope, KeyVa
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
+from tracemill.examples import example_value
+from tracemill.net import free_port
 from tracemill.otlp import key_values, partial_success
 from tracemill.tools import Tool, load_mcp_bench
 
@@ -68,25 +69,10 @@ def _attrs(**kv: Any) -> list[KeyValue]:
     return key_values({k.replace("__", "."): v for k, v in kv.items()})
 
 
-def _example_value(schema: Any) -> Any:
-    """A plausible value for a JSON-schema property (what a model that read the schema would emit)."""
-    if not isinstance(schema, dict):
-        return "example"
-    if schema.get("enum"):
-        return schema["enum"][0]
-    if "default" in schema and schema["default"] is not None:
-        return schema["default"]
-    kind = schema.get("type")
-    if isinstance(kind, list):
-        kind = next((k for k in kind if k != "null"), "string")
-    return {"integer": 3, "number": 2.5, "boolean": True, "array": [_example_value(schema.get("items"))],
-            "object": {}}.get(str(kind), "example")
-
-
 def _arguments(tool: Tool) -> dict[str, Any]:
     props: dict[str, Any] = dict(tool.input_schema.get("properties") or {})
     required = set(tool.input_schema.get("required") or list(props)[:1])
-    return {name: _example_value(schema) for name, schema in props.items() if name in required}
+    return {name: example_value(schema, name) for name, schema in props.items() if name in required}
 
 
 def _break(name: str, args: dict[str, Any], rng: random.Random) -> tuple[str, str]:
@@ -250,12 +236,6 @@ class Bodies:
 # ---------------------------------------------------------------------------------------------------- servers
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Server:
     """A collector started as a subprocess on a fresh temporary directory, with its SQLite store read read-only."""
 
@@ -263,7 +243,7 @@ class Server:
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
-        self.port = _free_port()
+        self.port = free_port()
         self.db_path = workdir / f"{self.name}.db"
         self.log_path = workdir / "server.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -376,7 +356,7 @@ class Phoenix(Server):
     def command(self) -> tuple[list[str], dict[str, str]]:
         return [str(PHOENIX_BIN), "serve"], {
             "PHOENIX_WORKING_DIR": str(self.workdir), "PHOENIX_HOST": "127.0.0.1", "PHOENIX_PORT": str(self.port),
-            "PHOENIX_GRPC_PORT": str(_free_port()), "PHOENIX_SQL_DATABASE_URL": f"sqlite:///{self.db_path}",
+            "PHOENIX_GRPC_PORT": str(free_port()), "PHOENIX_SQL_DATABASE_URL": f"sqlite:///{self.db_path}",
             "PHOENIX_TELEMETRY_ENABLED": "false"}
 
     def version(self) -> str:

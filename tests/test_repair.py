@@ -1,6 +1,5 @@
 import json
 import random
-import time
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -206,10 +205,9 @@ def test_steps_are_data_a_reviewer_can_read():
 
 @pytest.mark.parametrize("raw", ["[" * 5000, "{" * 5000, '{"a": ' * 3000, "f(" * 3000, "[1, " * 3000 + "]" * 3000,
                                  '[{"name": "x"' + "," * 100000 + "]"])
-def test_stray_brackets_cost_linear_time(raw):
-    start = time.perf_counter()
+@pytest.mark.timeout(20)  # quadratic work on these inputs takes minutes: a hang, as a user would see it
+def test_stray_brackets_do_not_hang(raw):
     assert not revise(raw, TRIANGLE.tools).ok
-    assert time.perf_counter() - start < 2
 
 
 # --- properties -----------------------------------------------------------------------------------------------------

@@ -56,9 +56,20 @@ class CaseError(ValueError):
     """A case file that cannot be read; the message names the line and the field."""
 
 
+_JSON_TEXT_FIELDS = ("tools", "reference", "context", "accepted")  # JSON text in a miner's export (Arrow-friendly)
+
+
 def case_from_dict(obj: Any, where: str) -> Case:
+    """One case; `tools`, `reference`, `context` and `accepted` may also be JSON text, as `tracemill mine` writes."""
     if not isinstance(obj, Mapping):
         raise CaseError(f"{where}: expected an object, got {type(obj).__name__}")
+    obj = dict(obj)
+    for key in _JSON_TEXT_FIELDS:
+        if isinstance(obj.get(key), str):
+            try:
+                obj[key] = json.loads(obj[key])
+            except ValueError as exc:
+                raise CaseError(f"{where}: {key!r} is text but not JSON ({exc})") from None
     try:
         tools = tuple(normalize_tools(obj.get("tools")))
     except ToolFormatError as exc:
