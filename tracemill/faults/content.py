@@ -73,20 +73,19 @@ class Target:
 _Done = tuple[str, dict[str, Any], Fault]  # the call's new name and arguments, and the fault that made them
 
 
-def _tool_name_case(t: Target, rng: random.Random) -> _Done | None:
-    variant = _case_variant(t.name, rng)
+def _renamed(kind: str, variant: str | None, t: Target) -> _Done | None:
+    """The call under another tool name: recoverable when no other offered tool folds to the same key."""
     if variant is None:
         return None
-    return variant, t.args, Fault("tool_name_case", _unique_key(variant, t.tool.name, t.names),
-                                  f"{t.name} -> {variant}")
+    return variant, t.args, Fault(kind, _unique_key(variant, t.tool.name, t.names), f"{t.name} -> {variant}")
+
+
+def _tool_name_case(t: Target, rng: random.Random) -> _Done | None:
+    return _renamed("tool_name_case", _case_variant(t.name, rng), t)
 
 
 def _tool_name_separator(t: Target, rng: random.Random) -> _Done | None:
-    variant = _separator_variant(t.name, rng)
-    if variant is None:
-        return None
-    return variant, t.args, Fault("tool_name_separator", _unique_key(variant, t.tool.name, t.names),
-                                  f"{t.name} -> {variant}")
+    return _renamed("tool_name_separator", _separator_variant(t.name, rng), t)
 
 
 def _tool_name_prefix(t: Target, rng: random.Random) -> _Done | None:
