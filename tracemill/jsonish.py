@@ -15,7 +15,7 @@ import json_repair
 
 from tracemill.revision import Step, StepKind
 
-UNREAD = object()
+NOTHING = object()  # no value: not read yet, or none to be had (None is a JSON value)
 NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 _LITERALS = {"true", "false", "null", "True", "False", "None"}
 _SPECIAL = re.compile(r"[\\\"'{}\[\]():,]")
@@ -96,8 +96,8 @@ class Piece:
     text: str
     json_failed: bool = False  # already known not to be JSON
     _scanned: tuple[str, str] | None = None
-    _tree: Any = UNREAD
-    _closed_tree: Any = UNREAD
+    _tree: Any = NOTHING
+    _closed_tree: Any = NOTHING
 
     def scan(self) -> tuple[str, str]:
         if self._scanned is None:
@@ -106,13 +106,13 @@ class Piece:
         return self._scanned
 
     def python(self) -> ast.Expression | None:
-        if self._tree is UNREAD:
+        if self._tree is NOTHING:
             self._tree = _python(self.text)
         return self._tree
 
     def closed_python(self) -> ast.Expression | None:
         """The text with its missing closers added, as Python; only asked for when it scans "open"."""
-        if self._closed_tree is UNREAD:
+        if self._closed_tree is NOTHING:
             self._closed_tree = _python(self.text + self.scan()[1])
         return self._closed_tree
 

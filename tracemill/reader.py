@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracemill.jsonish import PYTHON_ERRORS, UNREAD, Piece, Refused, decode, jsonable, scan
+from tracemill.jsonish import NOTHING, PYTHON_ERRORS, Piece, Refused, decode, jsonable, scan
 from tracemill.names import match_tool
 from tracemill.revision import Step, StepKind
 from tracemill.tools import Tool, tool_index
@@ -155,11 +155,11 @@ def _unwrap(obj: Any, steps: list[Step]) -> list[_Raw] | None:
 
 # --- where the calls are --------------------------------------------------------------------------------------------
 
-def _read_segment(piece: Piece, steps: list[Step], value: Any = UNREAD) -> list[_Raw] | None:
+def _read_segment(piece: Piece, steps: list[Step], value: Any = NOTHING) -> list[_Raw] | None:
     """The calls in one segment that starts at an opening bracket or `name(` (`value`: its JSON, when already
     decoded); None when it holds none. Raises Refused when it was cut mid-value."""
     local: list[Step] = []
-    if value is UNREAD:
+    if value is NOTHING:
         calls = _pythonic(piece.python())
         if calls is not None:
             steps.append(Step(StepKind.PYTHONIC, "read a Python-style call with ast"))
@@ -181,7 +181,7 @@ def _read_segment(piece: Piece, steps: list[Step], value: Any = UNREAD) -> list[
 
 
 def _segments(region: str) -> Iterator[tuple[Piece, bool, Any]]:
-    """Candidate segments in a region, in order, as (piece, balanced, its JSON value or UNREAD): from each opening
+    """Candidate segments in a region, in order, as (piece, balanced, its JSON value or NOTHING): from each opening
     bracket or `name(` to its matching closer, or to the end of the region (less trailing prose) when it is never
     closed. Only the first few unclosed ones are tried, so that text full of stray brackets costs linear time. A
     segment not decoded here is not JSON (its start did not decode)."""
@@ -204,16 +204,16 @@ def _segments(region: str) -> Iterator[tuple[Piece, bool, Any]]:
         # A name before `(` holds none of the characters a scan looks at: scanning from the name reads the same.
         end, state, closers = scan(region, start if region[start] in "{[" else match.end() - 1)
         if state == "closed":
-            yield Piece(region[start:end], True, ("closed", "")), True, UNREAD
+            yield Piece(region[start:end], True, ("closed", "")), True, NOTHING
             pos = end
         else:
             unclosed += 1
             rest = region[start:]
             if state == "open":
-                yield Piece(rest, True, (state, closers)), False, UNREAD
+                yield Piece(rest, True, (state, closers)), False, NOTHING
             else:
                 trimmed = _trim_prose(rest)
-                yield Piece(trimmed, True, (state, closers) if trimmed == rest else None), False, UNREAD
+                yield Piece(trimmed, True, (state, closers) if trimmed == rest else None), False, NOTHING
             pos = start + 1
 
 

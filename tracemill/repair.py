@@ -24,7 +24,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tracemill.jsonish import NUMBER, literal
+from tracemill.jsonish import NOTHING, NUMBER, literal
 from tracemill.names import match_tool
 from tracemill.reader import Reading, read
 from tracemill.revision import Revision, Step, StepKind
@@ -33,7 +33,6 @@ from tracemill.verify import Stage, ToolCall, Verdict, Violation, parse_failure,
 
 __all__ = ["Revision", "Step", "StepKind", "revise"]
 
-_NOTHING = object()
 _MAX_ROUNDS = 6
 
 
@@ -68,10 +67,10 @@ def _subschema(schema: Mapping[str, Any], path: Sequence[str | int]) -> Any:
 
 
 def _coerce(value: Any, schema: Any) -> Any:
-    """The value as the schema's type, when it can be read as one without guessing; _NOTHING otherwise."""
+    """The value as the schema's type, when it can be read as one without guessing; NOTHING otherwise."""
     types = schema_types(schema)
     if not types or any(is_json_type(value, t) for t in types):
-        return _NOTHING
+        return NOTHING
     if isinstance(value, str):
         text = value.strip()
         if "integer" in types and re.fullmatch(r"[+-]?\d+", text):
@@ -96,13 +95,13 @@ def _coerce(value: Any, schema: Any) -> Any:
         return str(value)
     if isinstance(value, list) and len(value) == 1 and "array" not in types:
         inner = value[0]
-        return inner if any(is_json_type(inner, t) for t in types) else _NOTHING
+        return inner if any(is_json_type(inner, t) for t in types) else NOTHING
     if "array" in types and not isinstance(value, (list, dict)):
         items = schema.get("items") if isinstance(schema, Mapping) else None
         item_types = schema_types(items)
         if not item_types or any(is_json_type(value, t) for t in item_types):
             return [value]
-    return _NOTHING
+    return NOTHING
 
 
 def _get(container: Any, path: Sequence[str | int]) -> Any:
@@ -147,8 +146,8 @@ def _fix(violation: Violation, arguments: dict[str, Any], schema: Mapping[str, A
             steps.append(Step(StepKind.PARAM_NAME, "same parameter name up to case and separators", i,
                               violation.pointer, near[0], leaf))
             return True
-        default = props.get(leaf, {}).get("default", _NOTHING) if isinstance(props.get(leaf), Mapping) else _NOTHING
-        if default is not _NOTHING:
+        default = props.get(leaf, {}).get("default", NOTHING) if isinstance(props.get(leaf), Mapping) else NOTHING
+        if default is not NOTHING:
             parent[leaf] = default
             steps.append(Step(StepKind.DEFAULT, "the schema's default for a missing required parameter", i,
                               violation.pointer, None, default))
@@ -182,11 +181,11 @@ def _fix(violation: Violation, arguments: dict[str, Any], schema: Mapping[str, A
                               violation.pointer, value, same[0]))
             return True
     coerced = _coerce(value, target)
-    if coerced is _NOTHING and isinstance(target.get("enum"), list):
+    if coerced is NOTHING and isinstance(target.get("enum"), list):
         for allowed in target["enum"]:
             if not isinstance(allowed, str) and isinstance(value, str) and value.strip() == json.dumps(allowed):
                 coerced = allowed
-    if coerced is not _NOTHING:
+    if coerced is not NOTHING:
         parent[leaf] = coerced  # type: ignore[index]
         steps.append(Step(StepKind.COERCE, f"read as {'/'.join(sorted(schema_types(target))) or 'the enum'}", i,
                           violation.pointer, value, coerced))
