@@ -16,6 +16,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "keys": ("tracemill.collector.cli", "keys", "Manage collector API keys."),
     "simulate": ("tracemill.simulate.cli", "simulate", "Send a realistic agent workload to a collector."),
     "stats": ("tracemill.stats", "stats", "MCP-Bench's rule-based metrics over the stored tool calls."),
+    "ui": ("tracemill.ui.cli", "ui", "Run the UI: traces, failure modes, review queue, datasets, models."),
+    "users": ("tracemill.ui.cli", "users", "Manage who may sign in to the UI."),
 }
 
 

@@ -6,12 +6,28 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 
 def _default_database_url() -> str:
     return f"sqlite:///{Path('tracemill.db').resolve()}"
+
+
+class ReviewRule(BaseModel):
+    """Tool calls this rule sends to human review, as `domain`: a tool on one of `servers` (the part before ':' of
+    `Server:tool`, any case), whose name matches one of `tools` (shell patterns, any case), or whose description holds
+    one of `words` (whole words, any case)."""
+
+    domain: str
+    servers: list[str] = Field(default_factory=list)
+    tools: list[str] = Field(default_factory=list)
+    words: list[str] = Field(default_factory=list)
+
+
+def _default_review_rules() -> list[ReviewRule]:
+    return [ReviewRule(domain="medical", servers=["Medical Calculator", "BioMCP"]),
+            ReviewRule(domain="legal", tools=["*lawsuit*", "*court*", "*legal*"], words=["lawsuit", "court", "legal"])]
 
 
 class Settings(BaseSettings):
@@ -31,6 +47,19 @@ class Settings(BaseSettings):
     max_inflight_bytes: int = Field(default=16 * 1024 * 1024,
                                     description="request bodies being read at once before 503")
     retry_after_seconds: int = 1
+
+    # The UI (`tracemill ui`): where it listens, who may sign in, and what waits for human review.
+    ui_host: str = Field(default="127.0.0.1", description="interface `tracemill ui` listens on")
+    ui_port: int = 8501
+    review_domains: list[str] = Field(default_factory=lambda: ["medical", "legal"],
+                                      description="domains whose calls wait for review and are masked for viewers")
+    review_rules: list[ReviewRule] = Field(default_factory=_default_review_rules)
+    review_low_confidence_steps: list[str] = Field(
+        default_factory=lambda: ["tool_name", "param_name", "default", "drop_unknown", "model"],
+        description="a revision that took one of these steps waits for review")
+    review_reservation_seconds: int = Field(default=600, ge=30, description="how long an opened item stays reserved")
+    sign_in_attempts: int = Field(default=5, ge=1, description="failed sign-ins for one name before a pause")
+    sign_in_window_seconds: int = Field(default=900, ge=1, description="the pause, and the window failures count in")
 
     @classmethod
     def settings_customise_sources(

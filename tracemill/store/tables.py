@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text,
+                        UniqueConstraint)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -227,3 +228,64 @@ class DeploymentRow(Base):
     actor: Mapped[str] = mapped_column(Text)  # who
     justification: Mapped[dict[str, Any]] = mapped_column(JSONType)  # the eval figures that justified it
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+# --- the UI: who may sign in, and the human review queue -------------------------------------------------------------
+
+class UserRow(Base):
+    """A person who may use the UI, with one role (viewer | reviewer | admin). Only an argon2 hash of the password is
+    kept; a user without one signs in through single sign-on, matched by `email`."""
+
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(Text, unique=True)
+    role: Mapped[str] = mapped_column(String(16))
+    password_hash: Mapped[str | None] = mapped_column(Text)
+    email: Mapped[str | None] = mapped_column(Text, unique=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    disabled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class SignInFailureRow(Base):
+    """One failed sign-in, by the name that was tried (kept only as long as the rate limit's window needs)."""
+
+    __tablename__ = "sign_in_failures"
+    __table_args__ = (Index("ix_sign_in_failures_name_at", "name", "at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(Text)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ReviewQueueRow(Base):
+    """A call waiting for a person: in a sensitive domain, or a revision of low confidence. A call is queued once."""
+
+    __tablename__ = "review_queue"
+    __table_args__ = (UniqueConstraint("call_id", name="uq_review_queue_call"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    call_id: Mapped[int] = mapped_column(ForeignKey("tool_calls.id"))
+    reason: Mapped[str] = mapped_column(String(32))  # medical | legal | ... | low_confidence
+    detail: Mapped[str] = mapped_column(Text)  # which rule queued it
+    queued_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ReviewClaimRow(Base):
+    """A queued call a reviewer has open, reserved for them until `expires_at`."""
+
+    __tablename__ = "review_claims"
+
+    call_id: Mapped[int] = mapped_column(ForeignKey("tool_calls.id"), primary_key=True)
+    reviewer: Mapped[str] = mapped_column(Text)
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class ReviewScanRow(Base):
+    """How far the queue's rules (by their digest) have read `tool_calls`."""
+
+    __tablename__ = "review_scans"
+
+    rules: Mapped[str] = mapped_column(String(64), primary_key=True)
+    last_call_id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"))
+    scanned_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

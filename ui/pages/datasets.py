@@ -1,0 +1,3 @@
+from tracemill.ui.datasets_page import render
+
+render()

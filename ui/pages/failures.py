@@ -1,0 +1,3 @@
+from tracemill.ui.failures_page import render
+
+render()

@@ -1,0 +1,3 @@
+from tracemill.ui.models_page import render
+
+render()

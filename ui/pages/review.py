@@ -1,0 +1,3 @@
+from tracemill.ui.review_page import render
+
+render()

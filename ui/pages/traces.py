@@ -1,0 +1,3 @@
+from tracemill.ui.traces_page import render
+
+render()
