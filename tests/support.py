@@ -109,3 +109,59 @@ def chat_attributes(calls: list[dict[str, Any]], tools: list[dict[str, Any]] = W
         "gen_ai.input.messages": json.dumps([{"role": "user", "parts": [{"type": "text", "content": "Weather?"}]}]),
         "gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": parts}]),
     }
+
+
+class UIProcess:
+    """`tracemill ui` run as its own process, as a user runs it."""
+
+    def __init__(self, db_url: str, workdir: Path) -> None:
+        self.db_url = db_url
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = workdir / f"ui-{self.port}.log"
+        self._workdir = workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60.0) -> UIProcess:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tracemill.cli", "ui", "--db", self.db_url, "--port", str(self.port)],
+                cwd=self._workdir, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"tracemill ui exited with {self.proc.returncode}:\n{self.log.read_text()}")
+            try:
+                if httpx.get(f"{self.url}/_stcore/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                time.sleep(0.2)
+        raise RuntimeError(f"tracemill ui did not answer within {timeout}s:\n{self.log.read_text()}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+
+
+def chromium(profile: Path, width: int = 1440, height: int = 1000):  # type: ignore[no-untyped-def]
+    """Headless Chromium from Debian's packages, driven by its chromedriver through Selenium (never a download)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", f"--user-data-dir={profile}", f"--window-size={width},{height}"):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)

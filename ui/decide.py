@@ -85,8 +85,7 @@ def checked(item: Subject, approved: Any) -> ToolCall:
         raise InvalidEdit(call.violations[0].message, call)
     verdict = verify(call, item.tools)
     if not verdict.ok:
-        first = verdict.violations[0]
-        raise InvalidEdit(f"{first.pointer or '/'}: {first.message}", verdict)
+        raise InvalidEdit("; ".join(f"{v.pointer or '/'}: {v.message}" for v in verdict.violations), verdict)
     return call
 
 

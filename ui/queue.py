@@ -116,8 +116,11 @@ def scan(engine: Engine, rules: QueueRules, budget_s: float = 0.5, batch: int = 
         last = page[-1].id
         with engine.begin() as conn:
             if rows:
-                queued += conn.execute(insert_ignoring_duplicates(ReviewQueueRow.__table__, engine.dialect.name),
-                                       rows).rowcount or 0
+                ids = [r["call_id"] for r in rows]
+                known = set(conn.execute(select(ReviewQueueRow.call_id).where(ReviewQueueRow.call_id.in_(ids)))
+                            .scalars())
+                conn.execute(insert_ignoring_duplicates(ReviewQueueRow.__table__, engine.dialect.name), rows)
+                queued += len(set(ids) - known)
             _advance(conn, rules.digest, last)
     return ScanProgress(last, newest, queued)
 

@@ -135,10 +135,11 @@ def _decision_form(ctx: Context, item: decide.Subject, masked: bool) -> None:
                             label_visibility="collapsed", disabled=masked)
         note = st.text_input("Note (optional)", key=f"note_{item.call.id}", disabled=masked)
         cols = st.columns(3)
+        # Shown to every role: a viewer's attempt is refused by `decide`, which checks the role itself.
         approve = cols[0].form_submit_button("Approve", type="primary", shortcut="Ctrl+Enter", width="stretch",
-                                             disabled=not ctx.who.can_decide, key=f"approve_{item.call.id}")
+                                             key=f"approve_{item.call.id}")
         reject = cols[1].form_submit_button("Reject", shortcut="Ctrl+Shift+Enter", width="stretch",
-                                            disabled=not ctx.who.can_decide, key=f"reject_{item.call.id}")
+                                            key=f"reject_{item.call.id}")
         skip = cols[2].form_submit_button("Skip", shortcut="Ctrl+Shift+Space", width="stretch",
                                           key=f"skip_{item.call.id}")
     if skip:

@@ -102,12 +102,13 @@ def render() -> None:
         options.insert(0, wanted)
     if not options:
         return
+    if wanted and st.session_state.get("trace_applied") != wanted:  # a link to a trace (?trace=ID) opens it
+        st.session_state.open_trace = st.session_state.trace_applied = wanted
     labels = {t.trace_id: f"{t.trace_id[:12]} · {t.root or 'trace'} · {t.calls} calls, {t.failed_calls} failed"
               for t in listed}
-    chosen = st.selectbox("Open trace", options, index=options.index(wanted) if wanted in options else None,
-                          format_func=lambda t: labels.get(t, t), placeholder="Choose a trace to open",
-                          key="open_trace")
+    chosen = st.selectbox("Open trace", options, index=None, format_func=lambda t: labels.get(t, t),
+                          placeholder="Choose a trace to open", key="open_trace")
     if chosen:
-        st.query_params["trace"] = chosen
+        st.query_params["trace"] = st.session_state.trace_applied = chosen
         st.divider()
         show_trace(ctx, chosen)

@@ -1,0 +1,199 @@
+"""The Streamlit app through Streamlit's AppTest, on a store filled by the collector from `tracemill simulate`:
+every page for every role, sign-in refusals, masking for viewers, a reviewer's schema-checked edit, a viewer's
+refused decision, and deployments that only admins make."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from tracemill.settings import get_settings
+from tracemill.store import learning
+from tracemill.store.engine import make_engine
+from tracemill.store.tables import ModelRow, ReviewQueueRow, ToolCallRow, utcnow
+from tracemill.ui import decide, deploy, users
+from tracemill.ui.access import Identity, NotAllowed, Role
+
+from support import CollectorProcess
+
+APP = Path(__file__).resolve().parents[1] / "ui" / "app.py"
+PAGES = ("traces", "failures", "review", "datasets", "models")
+TITLES = {"traces": "Traces", "failures": "Failure modes", "review": "Review queue", "datasets": "Datasets",
+          "models": "Models and deployments"}
+PASSWORD = "a long enough password"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from tracemill.simulate import simulate
+
+    workdir = tmp_path_factory.mktemp("ui")
+    url = f"sqlite:///{workdir / 'tracemill.db'}"
+    collector = CollectorProcess(url, workdir).start()
+    try:
+        simulate(collector.url, traces=40, seed=3)
+    finally:
+        collector.stop()
+    engine = make_engine(url)
+    for name, role in (("vic", Role.VIEWER), ("rita", Role.REVIEWER), ("ada", Role.ADMIN)):
+        users.add_user(engine, name, role, PASSWORD)
+    engine.dispose()
+    yield url
+
+
+@pytest.fixture
+def app(store: str, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("TRACEMILL_DATABASE_URL", store)
+    get_settings.cache_clear()
+
+    def signed_in(name: str | None, password: str = PASSWORD):  # type: ignore[no-untyped-def]
+        at = AppTest.from_file(str(APP), default_timeout=60).run()
+        assert not at.exception, at.exception
+        if name is not None:
+            at.text_input(key="sign_in_name").input(name)
+            at.text_input(key="sign_in_password").input(password)
+            at.button[0].click().run()
+        return at
+
+    yield signed_in
+    get_settings.cache_clear()
+
+
+def _texts(at) -> str:  # type: ignore[no-untyped-def]
+    parts = [e.value for kind in (at.markdown, at.caption, at.info, at.warning, at.error, at.success, at.code)
+             for e in kind]
+    return "\n".join(str(p) for p in parts)
+
+
+def test_nothing_shows_before_sign_in_and_wrong_passwords_are_refused(app) -> None:  # type: ignore[no-untyped-def]
+    at = app(None)
+    assert not at.title and "Tracemill" in _texts(at)
+    at = app("rita", "not the password")
+    assert [e.value for e in at.error] == ["Sign-in refused: wrong name or password"] and not at.title
+
+
+@pytest.mark.parametrize("role", ["vic", "rita", "ada"])
+def test_every_page_for_every_role(app, role: str) -> None:  # type: ignore[no-untyped-def]
+    at = app(role)
+    for page in PAGES:
+        at.switch_page(f"pages/{page}.py").run()
+        assert not at.exception, (page, at.exception)
+        assert [t.value for t in at.title] == [TITLES[page]], page
+    at.switch_page("pages/models.py").run()
+    assert next(b for b in at.button if b.label == "Deploy").disabled is (role != "ada")
+
+
+def _medical_trace(store: str) -> str:
+    engine = make_engine(store)
+    with engine.connect() as conn:
+        trace = conn.execute(select(ToolCallRow.trace_id).where(ToolCallRow.domain == "medical")
+                             .order_by(ToolCallRow.id)).scalars().first()
+    engine.dispose()
+    assert trace is not None, "the simulated store holds no medical call"
+    return trace
+
+
+def test_a_trace_opens_with_its_calls_and_is_masked_for_viewers(app, store: str) -> None:  # type: ignore[no-untyped-def]
+    trace = _medical_trace(store)
+    for name, masked in (("rita", False), ("vic", True)):
+        at = app(name)
+        at.query_params["trace"] = trace
+        at.switch_page("pages/traces.py").run()
+        assert not at.exception, at.exception
+        assert any(s.label == "Span" for s in at.selectbox)
+        text = _texts(at)
+        assert f"Trace {trace}" in [h.value for h in at.subheader]
+        assert ("masked for viewers" in text) is masked
+        raw = [c.value for c in at.code]
+        assert raw and all(("masked:" in r) is masked for r in raw[:1])
+
+
+def test_filters_select_traces_by_their_calls(app) -> None:  # type: ignore[no-untyped-def]
+    at = app("rita")
+    at.selectbox(key="f_domain").select("medical").run()
+    assert not at.exception, at.exception
+    shown = at.dataframe[0].value
+    assert len(shown) >= 1 and all("medical" in d for d in shown["domain"])
+    at.text_input(key="f_text").input("no output says this 9f8e7d").run()
+    assert "No trace matches these filters." in _texts(at)
+
+
+def _open_medical_item(at):  # type: ignore[no-untyped-def]
+    at.switch_page("pages/review.py").run()
+    at.segmented_control(key="review_reason").set_value("medical").run()
+    assert not at.exception, at.exception
+    return next(k for k in at.session_state.to_dict() if str(k).startswith("edit_"))
+
+
+def test_a_reviewer_edits_a_medical_call_and_a_viewer_is_refused(app, store: str) -> None:  # type: ignore[no-untyped-def]
+    at = app("vic")
+    key = _open_medical_item(at)
+    call_id = int(key.removeprefix("edit_"))
+    assert "only reviewers and admins decide" in _texts(at)
+    next(b for b in at.button if b.label == "Approve").click().run()
+    assert any("Refused" in e.value and "only reviewers" in e.value for e in at.error)
+    engine = make_engine(store)
+    with engine.connect() as conn:
+        assert learning.review(conn, call_id) is None
+
+    at = app("rita")
+    key = _open_medical_item(at)
+    call_id = int(key.removeprefix("edit_"))
+    at.text_area(key=key).input('{"name": "no such tool", "arguments": {}}')
+    next(b for b in at.button if b.label == "Approve").click().run()
+    assert any("does not pass the verifier" in e.value for e in at.error)
+    with engine.connect() as conn:
+        assert learning.review(conn, call_id) is None
+        queued = conn.execute(select(ReviewQueueRow.reason).where(ReviewQueueRow.call_id == call_id)).scalar()
+    assert queued == "medical"
+    item = decide.subject(engine, call_id)
+    assert item is not None
+    at.text_area(key=key).input(json.dumps(item.proposal))  # the call the page proposed, valid against the schema
+    next(b for b in at.button if b.label == "Approve").click().run()
+    assert not at.exception, at.exception
+    with engine.connect() as conn:
+        decided = learning.review(conn, call_id)
+    engine.dispose()
+    assert decided is not None and decided.reviewer == "rita" and decided.decision in ("approve", "edit")
+    assert decided.after == item.proposal
+
+
+def test_only_admins_deploy_and_roll_back(app, store: str) -> None:  # type: ignore[no-untyped-def]
+    engine = make_engine(store)
+    with engine.begin() as conn:
+        for n in (1, 2):
+            conn.execute(ModelRow.__table__.insert(), [{
+                "name": f"reviser-000{n}", "base_model": "tiny", "kind": "lora", "path": f"/models/{n}",
+                "config": {}, "metrics": {"reward": [0.1 * n, 0.2 * n, 0.3 * n]},
+                "evaluation": {"verified_ok": 0.9 + n / 100}, "created_at": utcnow()}])
+    at = app("ada")
+    at.switch_page("pages/models.py").run()
+    assert not at.exception, at.exception
+    for version in ("reviser-0001", "reviser-0002"):
+        at.selectbox(key="deploy_model").select_index(
+            [o for o in at.selectbox(key="deploy_model").options].index(version)).run()
+        next(b for b in at.button if b.label == "Deploy").click().run()
+        assert not at.error, [e.value for e in at.error]
+    next(b for b in at.button if b.label == "Roll back").click().run()
+    with engine.connect() as conn:
+        history = learning.deployments(conn)
+        served = learning.serving_now(conn)["active"]
+    assert [(d.action, d.actor) for d in history] == [("rollback", "ada"), ("deploy", "ada"), ("deploy", "ada")]
+    names = {m.id: m.name for m in learning.models(engine.connect())}
+    assert names[served.model_id] == "reviser-0001"
+
+    at = app("rita")
+    at.switch_page("pages/models.py").run()
+    assert next(b for b in at.button if b.label == "Roll back").disabled
+    assert "Only admins deploy and roll back; you are a reviewer." in _texts(at)
+    with pytest.raises(NotAllowed, match="only admins"):
+        deploy.rollback(engine, Identity("rita", Role.REVIEWER))
+    with engine.connect() as conn:
+        assert len(learning.deployments(conn)) == 3
+    engine.dispose()
