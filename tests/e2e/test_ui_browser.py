@@ -1,0 +1,154 @@
+"""The UI in a real browser (headless Chromium and chromedriver from Debian's packages, through Selenium), on a store
+filled by the collector from `tracemill simulate`: a reviewer signs in, opens a trace, edits a medical call in the
+review queue and approves it, and the store holds the decision; a viewer's attempt to decide is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tracemill.store import learning
+from tracemill.store.engine import make_engine
+from tracemill.ui import users
+from tracemill.ui.access import Role
+
+from support import CHROMEDRIVER, CHROMIUM, CollectorProcess, UIProcess, chromium
+
+PASSWORD = "a long enough password"
+REQUIRE_BROWSER = os.environ.get("TRACEMILL_REQUIRE_BROWSER") == "1"
+
+if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
+    reason = f"no browser: {CHROMIUM} and {CHROMEDRIVER} come from `apt-get install chromium chromium-driver`"
+    if REQUIRE_BROWSER:
+        pytest.fail(reason, pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
+from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
+from selenium.webdriver.remote.webelement import WebElement  # noqa: E402
+
+
+@pytest.fixture
+def ui(tmp_path: Path) -> Iterator[tuple[UIProcess, str]]:
+    from tracemill.simulate import simulate
+
+    url = f"sqlite:///{tmp_path / 'tracemill.db'}"
+    collector = CollectorProcess(url, tmp_path).start()
+    try:
+        simulate(collector.url, traces=40, seed=3)
+    finally:
+        collector.stop()
+    engine = make_engine(url)
+    users.add_user(engine, "rita", Role.REVIEWER, PASSWORD)
+    users.add_user(engine, "vic", Role.VIEWER, PASSWORD)
+    engine.dispose()
+    process = UIProcess(url, tmp_path).start()
+    yield process, url
+    process.stop()
+
+
+def wait_for(find: Callable[[], Any], timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            found = find()
+            if found:
+                return found
+        except (WebDriverException, StaleElementReferenceException) as exc:
+            last = exc
+        time.sleep(0.25)
+    raise AssertionError(f"not found within {timeout}s: {last}")
+
+
+def button(driver: WebDriver, label: str) -> WebElement:
+    return wait_for(lambda: next((b for b in driver.find_elements(By.TAG_NAME, "button")
+                                  if b.text.strip().startswith(label) and b.is_displayed()), None))
+
+
+def text_of(driver: WebDriver) -> str:
+    return driver.find_element(By.TAG_NAME, "body").text
+
+
+def sign_in(driver: WebDriver, base: str, name: str) -> None:
+    driver.get(base)
+    wait_for(lambda: driver.find_element(By.CSS_SELECTOR, "input[aria-label='Name']")).send_keys(name)
+    driver.find_element(By.CSS_SELECTOR, "input[type='password']").send_keys(PASSWORD, Keys.ENTER)
+    wait_for(lambda: "Traces" in [h.text for h in driver.find_elements(By.TAG_NAME, "h1")])
+
+
+def open_page(driver: WebDriver, title: str) -> None:
+    wait_for(lambda: next((a for a in driver.find_elements(By.CSS_SELECTOR, "[data-testid='stSidebarNavLink']")
+                           if a.text.strip().endswith(title)), None)).click()
+    wait_for(lambda: title in [h.text for h in driver.find_elements(By.TAG_NAME, "h1")])
+
+
+def choose(driver: WebDriver, label: str, option_text: str) -> None:
+    box = wait_for(lambda: next((b for b in driver.find_elements(By.CSS_SELECTOR, "[data-testid='stSelectbox']")
+                                 if b.text.startswith(label)), None))
+    box.find_element(By.TAG_NAME, "input").click()
+    option = wait_for(lambda: next((o for o in driver.find_elements(By.CSS_SELECTOR, "[role='option']")
+                                    if option_text in o.text), None))
+    option.click()
+
+
+def medical_item(driver: WebDriver) -> WebElement:
+    open_page(driver, "Review queue")
+    button(driver, "medical").click()
+    return wait_for(lambda: driver.find_element(By.CSS_SELECTOR, "textarea[aria-label='Call']"))
+
+
+def test_a_reviewer_edits_and_approves_a_medical_call_and_a_viewer_is_refused(ui, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    process, url = ui
+    engine = make_engine(url)
+    driver = chromium(tmp_path / "profile-rita")
+    try:
+        sign_in(driver, process.url, "rita")
+        choose(driver, "Open trace", "invoke_agent")
+        wait_for(lambda: "Trace " in text_of(driver) and "Raw output" in text_of(driver))
+
+        editor = medical_item(driver)
+        call_id = int(wait_for(lambda: next((w for w in text_of(driver).split() if w.startswith("#")), None))[1:])
+        call = json.loads(editor.get_attribute("value"))
+        first = next(iter(call["arguments"]), None)
+        assert first is not None, "the medical call has no arguments to edit"
+        call["arguments"][first] = call["arguments"][first]  # the same value, retyped by hand below
+        editor.send_keys(Keys.CONTROL, "a")
+        editor.send_keys(Keys.DELETE)
+        editor.send_keys('{"name": "not a tool", "arguments": {}}')
+        button(driver, "Approve").click()
+        wait_for(lambda: "does not pass the verifier" in text_of(driver))
+        with engine.connect() as conn:
+            assert learning.review(conn, call_id) is None
+        editor = wait_for(lambda: driver.find_element(By.CSS_SELECTOR, "textarea[aria-label='Call']"))
+        editor.send_keys(Keys.CONTROL, "a")
+        editor.send_keys(Keys.DELETE)
+        editor.send_keys(json.dumps(call))
+        editor.send_keys(Keys.CONTROL, Keys.ENTER)  # the keyboard way to approve
+        decided = wait_for(lambda: learning.review(engine.connect(), call_id))
+        assert decided.reviewer == "rita" and decided.after == call and decided.decision in ("approve", "edit")
+    finally:
+        driver.quit()
+
+    driver = chromium(tmp_path / "profile-vic")
+    try:
+        sign_in(driver, process.url, "vic")
+        medical_item(driver)
+        wait_for(lambda: "masked" in text_of(driver))
+        with engine.connect() as conn:
+            before = len(learning.reviews(conn))
+        button(driver, "Approve").click()
+        wait_for(lambda: "Refused" in text_of(driver) and "only reviewers and admins decide" in text_of(driver))
+        with engine.connect() as conn:
+            assert len(learning.reviews(conn)) == before
+    finally:
+        driver.quit()
+        engine.dispose()
