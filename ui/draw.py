@@ -144,7 +144,7 @@ def waterfall(rows: Sequence[TreeRow], failed_spans: set[str]):  # type: ignore[
                     y=alt.Y("span:N", sort=alt.SortField("order"), title=None, axis=alt.Axis(labelLimit=420)),
                     color=alt.Color("kind:N", scale=colors, legend=alt.Legend(orient="top", title=None)),
                     tooltip=["span", "ms", "kind"])
-            .properties(height=max(120, 26 * len(rows))))
+            .properties(height=alt.Step(24)))
 
 
 def _kind(span: SpanRecord, failed_spans: set[str]) -> str:

@@ -34,7 +34,7 @@ def render() -> None:
     failed = int(data["calls"].sum())
     cols = st.columns(4)
     cols[0].metric("Calls", f"{total:,}")
-    cols[1].metric("Failed", f"{failed:,}", f"{failed / total:.1%} of calls" if total else None, delta_color="off")
+    cols[1].metric("Failed", f"{failed:,}", help=f"{failed / total:.1%} of calls" if total else None)
     cols[2].metric("Tools failing", f"{data['tool'].nunique():,}")
     cols[3].metric("Days", f"{data['day'].nunique():,}")
     st.subheader("Over time, by stage")

@@ -28,8 +28,7 @@ def _progress(ctx: Context) -> None:
     cols[0].metric("Waiting", f"{found.waiting:,}")
     cols[1].metric("Decided", f"{found.decided:,}", help="of the queued calls")
     for col, (reason, (queued, decided)) in zip(cols[2:], found.by_reason.items(), strict=True):
-        col.metric(reason.replace("_", " "), f"{queued - decided:,} waiting", f"{decided:,} decided",
-                   delta_color="off")
+        col.metric(f"{reason.replace('_', ' ')} waiting", f"{queued - decided:,}", help=f"{decided:,} decided")
     if found.by_reviewer:
         with st.expander("Progress per reviewer", expanded=False):
             st.dataframe([{"reviewer": who, **counts, "total": sum(counts.values())}
@@ -134,14 +133,13 @@ def _decision_form(ctx: Context, item: decide.Subject, masked: bool) -> None:
         text = st.text_area("Call", draw.pretty(proposal), height=300, key=f"edit_{item.call.id}",
                             label_visibility="collapsed", disabled=masked)
         note = st.text_input("Note (optional)", key=f"note_{item.call.id}", disabled=masked)
-        cols = st.columns(3)
         # Shown to every role: a viewer's attempt is refused by `decide`, which checks the role itself.
-        approve = cols[0].form_submit_button("Approve", type="primary", shortcut="Ctrl+Enter", width="stretch",
-                                             key=f"approve_{item.call.id}")
-        reject = cols[1].form_submit_button("Reject", shortcut="Ctrl+Shift+Enter", width="stretch",
-                                            key=f"reject_{item.call.id}")
-        skip = cols[2].form_submit_button("Skip", shortcut="Ctrl+Shift+Space", width="stretch",
-                                          key=f"skip_{item.call.id}")
+        approve = st.form_submit_button("Approve", type="primary", shortcut="Ctrl+Enter", width="stretch",
+                                        key=f"approve_{item.call.id}")
+        reject = st.form_submit_button("Reject", shortcut="Ctrl+Shift+Enter", width="stretch",
+                                       key=f"reject_{item.call.id}")
+        skip = st.form_submit_button("Skip", shortcut="Ctrl+Shift+Space", width="stretch",
+                                     key=f"skip_{item.call.id}")
     if skip:
         st.session_state.setdefault(SKIPPED, set()).add(item.call.id)
         if ctx.who.can_decide:
