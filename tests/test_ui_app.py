@@ -99,7 +99,7 @@ def _medical_trace(store: str) -> str:
     return trace
 
 
-def test_a_trace_opens_with_its_calls_and_is_masked_for_viewers(app, store: str) -> None:  # type: ignore[no-untyped-def]
+def test_a_trace_opens_with_its_calls_and_is_masked_for_viewers(app, store) -> None:  # type: ignore[no-untyped-def]
     trace = _medical_trace(store)
     for name, masked in (("rita", False), ("vic", True)):
         at = app(name)
@@ -131,7 +131,7 @@ def _open_medical_item(at):  # type: ignore[no-untyped-def]
     return next(k for k in at.session_state.to_dict() if str(k).startswith("edit_"))
 
 
-def test_a_reviewer_edits_a_medical_call_and_a_viewer_is_refused(app, store: str) -> None:  # type: ignore[no-untyped-def]
+def test_a_reviewer_edits_a_medical_call_and_a_viewer_is_refused(app, store) -> None:  # type: ignore[no-untyped-def]
     at = app("vic")
     key = _open_medical_item(at)
     call_id = int(key.removeprefix("edit_"))

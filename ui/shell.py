@@ -117,7 +117,8 @@ def main() -> None:
     }
     page = st.navigation(pages)
     with st.sidebar:
-        st.markdown(f'<div class="tm-who"><b>{html.escape(who.name)}</b> · {who.role.value}</div>', unsafe_allow_html=True)
+        st.markdown(f'<div class="tm-who"><b>{html.escape(who.name)}</b> · {who.role.value}</div>',
+                    unsafe_allow_html=True)
         st.button("Sign out", on_click=_sign_out, key="sign_out")
     page.run()
 
