@@ -1,16 +1,15 @@
 """the UI: who may sign in (users, failed sign-ins), and the human review queue (queued calls, reservations, how far
 the queue's rules have read the store)
 
-Revision ID: 0009
+Revision ID: 0006
 Revises: 0005
 Create Date: 2026-12-01 13:00:00
 """
 
 import sqlalchemy as sa
-
 from alembic import op
 
-revision = "0009"
+revision = "0006"
 down_revision = "0005"
 branch_labels = None
 depends_on = None
