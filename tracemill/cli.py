@@ -13,6 +13,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "db": ("tracemill.store.cli", "db", "Manage the store's schema."),
     "demo": ("tracemill.demo", "demo", "Run the loop so far on SQLite and the CPU."),
     "eval": ("tracemill.evaluation", "eval_command", "Measure tool-call revisers on BFCL, MCP-Bench or your cases."),
+    "failures": ("tracemill.miner.cli", "failures", "Failure modes: failed calls clustered by tool, stage and violation."),
     "keys": ("tracemill.collector.cli", "keys", "Manage collector API keys."),
     "simulate": ("tracemill.simulate.cli", "simulate", "Send a realistic agent workload to a collector."),
     "stats": ("tracemill.stats", "stats", "MCP-Bench's rule-based metrics over the stored tool calls."),

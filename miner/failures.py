@@ -1,0 +1,273 @@
+"""Failure modes: failed tool calls clustered by tool, verifier stage and violation (`search_places · wrong_type ·
+/arguments/radius`), with counts, share of calls, a trend per day and splits per model and harness version; and two
+harness versions side by side with a test of whether a mode's rate changed. `tracemill failures` prints these; the
+UI's "Failure modes" page calls the same functions.
+
+    report = failure_report(engine, CallFilter(model="llama3.1-8b"))
+    report.modes[0].label, report.modes[0].share        # 'search_places · wrong_type · /arguments/radius', 0.031
+    compare_harness(engine, "prompt-v3", "prompt-v4")    # one HarnessComparison per mode, with its p-value
+
+A call belongs to one mode: its verdict's first violation, or `execution · <error type>` for a call that passed the
+verifier and failed when it ran. Days are UTC days of when the call was made (the span's start time).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Connection, Engine, func, select
+
+from tracemill.rates import rate
+from tracemill.store.queries import CallFilter
+from tracemill.store.tables import ToolCallRow as C
+
+GROUP_FIELDS = ("tool", "stage", "kind", "pointer")
+DAY_NS = 86_400 * 1_000_000_000
+NONE = "(none)"
+
+
+@dataclass(frozen=True, slots=True)
+class FailureKey:
+    """What a failed call got wrong. `tool` is the name the call gave (None when it could not be read)."""
+
+    tool: str | None
+    stage: str  # parse | tool_name | schema | execution
+    kind: str  # the violation's kind (`wrong_type`, `invalid_json`, ...), or the execution's error type
+    pointer: str  # JSON pointer into the call; "" for the whole call
+
+    @property
+    def failure_class(self) -> str:
+        """`stage:kind`, the miner's `failure_class` column."""
+        return f"{self.stage}:{self.kind}"
+
+    def label(self, fields: Sequence[str] = GROUP_FIELDS) -> str:
+        shown = {"tool": self.tool or NONE, "stage": self.stage, "kind": self.kind, "pointer": self.pointer or "/"}
+        return " · ".join(shown[f] for f in fields)
+
+
+def execution_error_kind(error: str | None) -> str:
+    """The error type at the head of a stored execution error (`upstream_error: ...`), else `error`."""
+    head = (error or "").partition(":")[0].strip()
+    return head if head and len(head) <= 48 and " " not in head else "error"
+
+
+def failure_key(name: str | None, stage: str | None, violations: Sequence[Any] | None,
+                execution_status: str | None, execution_error: str | None) -> FailureKey | None:
+    """The mode of one stored call; None for a call that did not fail."""
+    if stage is not None:
+        first = violations[0] if violations and isinstance(violations[0], dict) else {}
+        return FailureKey(name, stage, str(first.get("kind") or "unknown"), str(first.get("pointer") or ""))
+    if execution_status == "error":
+        return FailureKey(name, "execution", execution_error_kind(execution_error), "")
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class FailureMode:
+    """One cluster of failed calls. `share` is of every call the filter selects; `by_day`, `by_model` and `by_harness`
+    count this mode's calls (divide by the report's totals of the same key for a rate)."""
+
+    key: FailureKey
+    count: int
+    share: float
+    by_day: dict[str, int] = field(default_factory=dict)
+    by_model: dict[str, int] = field(default_factory=dict)
+    by_harness: dict[str, int] = field(default_factory=dict)
+    fields: tuple[str, ...] = GROUP_FIELDS  # which parts of the key the clusters were made by
+
+    @property
+    def label(self) -> str:
+        return self.key.label(self.fields)
+
+    @property
+    def tool(self) -> str | None:
+        return self.key.tool
+
+    @property
+    def stage(self) -> str:
+        return self.key.stage
+
+    @property
+    def kind(self) -> str:
+        return self.key.kind
+
+    @property
+    def pointer(self) -> str:
+        return self.key.pointer
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, **{f: getattr(self.key, f) for f in self.fields}, "count": self.count,
+                "share": self.share, "by_day": self.by_day, "by_model": self.by_model, "by_harness": self.by_harness}
+
+
+@dataclass(frozen=True, slots=True)
+class FailureReport:
+    """Every mode, most frequent first, with the call totals the shares and trends are of."""
+
+    total_calls: int
+    failed_calls: int
+    modes: list[FailureMode]
+    calls_by_day: dict[str, int]
+    calls_by_model: dict[str, int]
+    calls_by_harness: dict[str, int]
+    filters: dict[str, Any]
+    fields: tuple[str, ...] = GROUP_FIELDS
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"total_calls": self.total_calls, "failed_calls": self.failed_calls,
+                "failure_rate": rate(self.failed_calls, self.total_calls), "by": list(self.fields),
+                "filters": self.filters, "calls_by_day": self.calls_by_day, "calls_by_model": self.calls_by_model,
+                "calls_by_harness": self.calls_by_harness, "modes": [m.to_dict() for m in self.modes]}
+
+
+def day_of(start_time_ns: int) -> str:
+    return datetime.fromtimestamp(start_time_ns // DAY_NS * 86_400, UTC).date().isoformat()
+
+
+_FAILED_COLUMNS = (C.id, C.name, C.stage, C.violations, C.execution_status, C.execution_error, C.model,
+                   C.harness_version, C.start_time_ns)
+
+
+def _failed_rows(engine: Engine, where: CallFilter, batch: int) -> Iterator[Any]:
+    """The failed calls `where` selects, only the columns a mode needs, in batches keyed on the id (each its own short
+    transaction, as `queries.iter_calls` reads)."""
+    last = where.after_id
+    while True:
+        f = replace(where, failed=True, after_id=last)
+        with engine.connect() as conn:
+            rows = conn.execute(f.apply(select(*_FAILED_COLUMNS)).order_by(C.id).limit(batch)).all()
+        if not rows:
+            return
+        yield from rows
+        last = rows[-1].id
+
+
+def _totals(conn: Connection, where: CallFilter, column: Any) -> dict[str, int]:
+    rows = conn.execute(where.apply(select(column.label("k"), func.count())).group_by(column)).all()
+    return {(NONE if k is None else str(k)): int(n) for k, n in rows}
+
+
+def _engine(source: Engine | Connection) -> Engine:
+    return source if isinstance(source, Engine) else source.engine
+
+
+def failure_report(source: Engine | Connection, where: CallFilter = CallFilter(), *,
+                   by: Sequence[str] = GROUP_FIELDS, limit: int | None = None, batch: int = 20_000) -> FailureReport:
+    """Cluster the failed calls `where` selects by the parts of their key named in `by` (any of `GROUP_FIELDS`, in
+    that order). `limit`: the most frequent modes only."""
+    fields = tuple(f for f in GROUP_FIELDS if f in by)
+    unknown = set(by) - set(GROUP_FIELDS)
+    if unknown or not fields:
+        raise ValueError(f"cluster by any of {', '.join(GROUP_FIELDS)}; got {', '.join(by) or 'nothing'}")
+    engine = _engine(source)
+    where = replace(where, failed=None)
+    with engine.connect() as conn:
+        days = _totals(conn, where, C.start_time_ns // DAY_NS)
+        calls_by_day = dict(sorted((day_of(int(k) * DAY_NS), n) for k, n in days.items() if k != NONE))
+        calls_by_model = _totals(conn, where, C.model)
+        calls_by_harness = _totals(conn, where, C.harness_version)
+    total = sum(calls_by_model.values())
+    counts: Counter[FailureKey] = Counter()
+    per_day: dict[FailureKey, Counter[str]] = defaultdict(Counter)
+    per_model: dict[FailureKey, Counter[str]] = defaultdict(Counter)
+    per_harness: dict[FailureKey, Counter[str]] = defaultdict(Counter)
+    failed = 0
+    for row in _failed_rows(engine, where, batch):
+        key = failure_key(row.name, row.stage, row.violations, row.execution_status, row.execution_error)
+        if key is None:
+            continue
+        failed += 1
+        key = FailureKey(*(getattr(key, f) if f in fields else ("" if f != "tool" else None) for f in GROUP_FIELDS))
+        counts[key] += 1
+        per_day[key][day_of(row.start_time_ns)] += 1
+        per_model[key][NONE if row.model is None else row.model] += 1
+        per_harness[key][NONE if row.harness_version is None else row.harness_version] += 1
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0].label(fields)))
+    modes = [FailureMode(key, n, n / total if total else 0.0, dict(sorted(per_day[key].items())),
+                         dict(per_model[key].most_common()), dict(per_harness[key].most_common()), fields)
+             for key, n in (ranked[:limit] if limit is not None else ranked)]
+    return FailureReport(total, failed, modes, calls_by_day, calls_by_model, calls_by_harness, where.to_dict(), fields)
+
+
+def failure_modes(source: Engine | Connection, where: CallFilter = CallFilter(), *,
+                  by: Sequence[str] = GROUP_FIELDS, limit: int | None = None) -> list[FailureMode]:
+    """The modes of `failure_report`, most frequent first."""
+    return failure_report(source, where, by=by, limit=limit).modes
+
+
+# --- two harness versions side by side ------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class HarnessComparison:
+    """One mode's rate under harness versions `a` and `b`, and a two-sided two-proportion z-test of the difference.
+    `significant` holds the p-value against `alpha` divided by the number of modes compared (Bonferroni)."""
+
+    key: FailureKey
+    a: str
+    b: str
+    count_a: int
+    calls_a: int
+    count_b: int
+    calls_b: int
+    z: float
+    p_value: float
+    significant: bool
+    fields: tuple[str, ...] = GROUP_FIELDS
+
+    @property
+    def label(self) -> str:
+        return self.key.label(self.fields)
+
+    @property
+    def rate_a(self) -> float | None:
+        return rate(self.count_a, self.calls_a)
+
+    @property
+    def rate_b(self) -> float | None:
+        return rate(self.count_b, self.calls_b)
+
+    @property
+    def change(self) -> str:
+        if not self.significant:
+            return "no significant change"
+        return "rarer" if (self.rate_b or 0) < (self.rate_a or 0) else "more frequent"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, **{f: getattr(self.key, f) for f in self.fields}, "a": self.a, "b": self.b,
+                "count_a": self.count_a, "calls_a": self.calls_a, "rate_a": self.rate_a, "count_b": self.count_b,
+                "calls_b": self.calls_b, "rate_b": self.rate_b, "z": self.z, "p_value": self.p_value,
+                "significant": self.significant, "change": self.change}
+
+
+def two_proportion_test(x1: int, n1: int, x2: int, n2: int) -> tuple[float, float]:
+    """(z, two-sided p-value) of the pooled two-proportion z-test; (0, 1) when either sample is empty or there is no
+    variance to test."""
+    if n1 == 0 or n2 == 0:
+        return 0.0, 1.0
+    pooled = (x1 + x2) / (n1 + n2)
+    variance = pooled * (1 - pooled) * (1 / n1 + 1 / n2)
+    if variance <= 0:
+        return 0.0, 1.0
+    z = (x2 / n2 - x1 / n1) / math.sqrt(variance)
+    return z, math.erfc(abs(z) / math.sqrt(2))
+
+
+def compare_harness(source: Engine | Connection, a: str, b: str, where: CallFilter = CallFilter(), *,
+                    by: Sequence[str] = GROUP_FIELDS, alpha: float = 0.05) -> list[HarnessComparison]:
+    """Every mode seen under harness version `a` or `b`, with its rate under each (of all the calls each version
+    made that `where` selects) and whether it changed; the modes that changed most first."""
+    reports = [failure_report(source, replace(where, harness_version=version), by=by) for version in (a, b)]
+    counts = [{m.key: m.count for m in r.modes} for r in reports]
+    keys = sorted(set(counts[0]) | set(counts[1]), key=lambda k: k.label(reports[0].fields))
+    found = []
+    for key in keys:
+        x1, x2 = counts[0].get(key, 0), counts[1].get(key, 0)
+        z, p = two_proportion_test(x1, reports[0].total_calls, x2, reports[1].total_calls)
+        found.append(HarnessComparison(key, a, b, x1, reports[0].total_calls, x2, reports[1].total_calls, z, p,
+                                       p < alpha / max(1, len(keys)), reports[0].fields))
+    return sorted(found, key=lambda c: (c.p_value, -abs(c.z), c.label))

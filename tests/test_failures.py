@@ -1,0 +1,102 @@
+"""`tracemill.miner.failures` and `tracemill failures` on calls the collector's writer stored, on SQLite and
+PostgreSQL: modes ranked by count with their shares, trends and splits; two harness versions compared with a test that
+calls a real drop significant and noise not."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from tracemill.cli import main
+from tracemill.collector.decode import Limits, decode_protobuf
+from tracemill.collector.persist import SpanWriter
+from tracemill.miner.failures import compare_harness, failure_modes, failure_report, two_proportion_test
+from tracemill.store.engine import make_engine
+from tracemill.store.migrate import upgrade
+from tracemill.store.queries import CallFilter
+
+from support import chat_attributes, export_request, make_span
+
+DAY = 86_400 * 1_000_000_000
+START = 1_780_000_000_000_000_000  # 2026-05-28
+
+GOOD = {"name": "get_weather", "arguments": {"city": "Oslo"}}
+WRONG_TYPE = {"name": "get_weather", "arguments": {"city": 7}}
+BAD_ENUM = {"name": "get_weather", "arguments": {"city": "Oslo", "units": "kelvin"}}
+UNKNOWN_TOOL = {"name": "get_wether", "arguments": {"city": "Rome"}}
+
+
+def _store(db_url: str, plan: dict[str, list[tuple[dict, int]]], model: str = "qwen3"):  # type: ignore[no-untyped-def]
+    """One span per call; `plan`: harness version -> (call, how many)."""
+    engine = make_engine(db_url)
+    upgrade(engine)
+    writer = SpanWriter(engine.dialect)
+    n = 0
+    for harness, calls in plan.items():
+        spans = []
+        for call, times in calls:
+            for _ in range(times):
+                n += 1
+                attrs = chat_attributes([{"id": f"c{n}", **call}], model=model if n % 3 else "llama3.1-8b")
+                spans.append(make_span(f"{n:032x}", f"{n:016x}", "chat", attrs, start_ns=START + (n % 2) * DAY))
+        body = export_request(spans, resource={"tracemill.harness.version": harness})
+        batch = writer.prepare(decode_protobuf(body, Limits(1 << 24)).spans)
+        with engine.begin() as conn:
+            writer.write(conn, batch)
+        writer.committed()
+    return engine
+
+
+def test_modes_are_ranked_with_shares_trends_and_splits(db_url: str) -> None:
+    engine = _store(db_url, {"v1": [(GOOD, 60), (WRONG_TYPE, 25), (UNKNOWN_TOOL, 10), (BAD_ENUM, 5)]})
+    report = failure_report(engine)
+    assert report.total_calls == 100 and report.failed_calls == 40
+    assert [m.label for m in report.modes] == ["get_weather · schema · wrong_type · /arguments/city",
+                                               "get_wether · tool_name · unknown_tool · /name",
+                                               "get_weather · schema · enum · /arguments/units"]
+    top = report.modes[0]
+    assert (top.count, top.share) == (25, 0.25)
+    assert sum(top.by_day.values()) == 25 and list(top.by_day) == ["2026-05-28", "2026-05-29"]
+    assert sum(report.calls_by_day.values()) == 100
+    assert set(top.by_model) == {"qwen3", "llama3.1-8b"} and sum(top.by_model.values()) == 25
+    assert top.by_harness == {"v1": 25}
+
+    by_stage = failure_modes(engine, by=("stage", "kind"))
+    assert [(m.label, m.count) for m in by_stage] == [("schema · wrong_type", 25), ("tool_name · unknown_tool", 10),
+                                                       ("schema · enum", 5)]
+    assert [m.label for m in failure_modes(engine, CallFilter(model="llama3.1-8b"), limit=1)] == [top.label]
+
+
+def test_a_harness_version_that_makes_a_mode_rarer_is_significant_and_noise_is_not(db_url: str) -> None:
+    engine = _store(db_url, {"v1": [(GOOD, 150), (WRONG_TYPE, 40), (UNKNOWN_TOOL, 10)],
+                             "v2": [(GOOD, 179), (WRONG_TYPE, 10), (UNKNOWN_TOOL, 11)]})
+    rows = {c.label: c for c in compare_harness(engine, "v1", "v2", by=("stage", "kind"))}
+    dropped = rows["schema · wrong_type"]
+    assert (dropped.count_a, dropped.calls_a, dropped.count_b, dropped.calls_b) == (40, 200, 10, 200)
+    assert dropped.significant and dropped.change == "rarer" and dropped.p_value < 1e-4
+    same = rows["tool_name · unknown_tool"]
+    assert not same.significant and same.change == "no significant change"
+
+
+def test_two_proportion_test_matches_the_textbook_value() -> None:
+    z, p = two_proportion_test(40, 200, 10, 200)  # pooled p = 0.125: z = -0.15 / sqrt(0.125*0.875*0.01) = -4.536
+    assert round(z, 3) == -4.536 and 5e-6 < p < 7e-6
+    assert two_proportion_test(0, 0, 3, 10) == (0.0, 1.0)
+
+
+def test_the_command_prints_a_table_json_markdown_and_a_comparison(sqlite_url: str) -> None:
+    _store(sqlite_url, {"v1": [(GOOD, 8), (WRONG_TYPE, 2)], "v2": [(GOOD, 9), (UNKNOWN_TOOL, 1)]})
+    runner = CliRunner()
+    table = runner.invoke(main, ["failures", "--db", sqlite_url])
+    assert table.exit_code == 0, table.output
+    assert "wrong_type" in table.output and "unknown_tool" in table.output
+    as_json = json.loads(runner.invoke(main, ["failures", "--db", sqlite_url, "--json"]).output)
+    assert as_json["total_calls"] == 20 and as_json["modes"][0]["count"] == 2
+    markdown = runner.invoke(main, ["failures", "--db", sqlite_url, "--markdown", "--harness", "v1"]).output
+    assert markdown.startswith("| mode |") and "unknown_tool" not in markdown
+    compared = runner.invoke(main, ["failures", "--db", sqlite_url, "--compare", "v1", "v2", "--json"])
+    assert {r["label"] for r in json.loads(compared.output)["modes"]} == {
+        "get_weather · schema · wrong_type · /arguments/city", "get_wether · tool_name · unknown_tool · /name"}
+    unknown = runner.invoke(main, ["failures", "--db", sqlite_url, "--model", "gpt-9"])
+    assert unknown.exit_code == 1 and "no stored call has model 'gpt-9'" in unknown.output
