@@ -1,10 +1,11 @@
+import json
 import random
 from collections import Counter
 
 import pytest
 
 from tracemill.bfcl import load_bfcl
-from tracemill.faults import KINDS, PROFILES, TEXT_KINDS, corrupt, corrupt_calls, sample_faults
+from tracemill.faults import CONTEXT_KINDS, KINDS, PROFILES, TEXT_KINDS, corrupt, corrupt_calls, sample_faults
 from tracemill.tools import load_mcp_bench, name_key, tool_index
 from tracemill.verify import ToolCall, parse_call, verify
 
@@ -48,11 +49,13 @@ def test_clean_profile_emits_the_reference_as_a_valid_native_call():
 @pytest.mark.parametrize("kind", [k for k in KINDS if k != "extra_param"])
 def test_every_fault_breaks_the_call_on_bfcl(kind):
     applied = 0
-    for i, case in enumerate(_single_call_cases()[:120]):
+    for i, case in enumerate(_single_call_cases()):
         out = _corrupt_case(case, [kind], i)
         if not out.faults:
             continue
         applied += 1
+        if applied > 120:
+            break
         assert out.kinds == (kind,)
         assert out.native == (kind not in TEXT_KINDS)
         assert not verify(out.raw, case.tools).ok, out.raw
@@ -139,3 +142,42 @@ def test_unknown_names_are_refused_by_name():
     case = CASES[0]
     with pytest.raises(ValueError, match="bogus"):
         _corrupt_case(case, ["bogus"], 0)
+
+
+def _single_call_items():
+    from tracemill.suites import _mcp_calls
+
+    return [(c.tools, c.reference()) for c in _single_call_cases()] + [(t, [call]) for _, t, call in _mcp_calls()]
+
+
+@pytest.mark.parametrize("kind", sorted(CONTEXT_KINDS))
+def test_context_faults_break_the_call_and_the_rules_never_guess(kind):
+    from tracemill.repair import revise
+
+    applied = 0
+    for i, (tools, reference) in enumerate(_single_call_items()):
+        out = corrupt_calls(reference, tools, [kind], random.Random(i))
+        if not out.faults:
+            continue
+        applied += 1
+        fault = out.faults[0]
+        assert fault.context and not fault.recoverable and out.context_recoverable and not out.recoverable
+        index = tool_index(tools)
+        assert not verify(out.raw, index).ok, out.raw
+        assert not revise(out.raw, index, [{"role": "user", "content": fault.hint}]).ok, out.raw
+    assert applied >= 50
+
+
+def test_context_hints_say_what_the_output_lost():
+    seen = Counter()
+    for i, (tools, reference) in enumerate(_single_call_items()):
+        intended = reference[0].arguments
+        for kind in ("omitted_value", "swapped_args"):
+            out = corrupt_calls(reference, tools, [kind], random.Random(i))
+            if not out.faults:
+                continue
+            seen[kind] += 1
+            lost = [p for p in intended if parse_call(out.raw).arguments.get(p) != intended[p]]
+            assert lost and all(str(intended[p]) in out.hints[0] or json.dumps(intended[p]) in out.hints[0]
+                                for p in lost), (out.hints, lost)
+    assert seen["omitted_value"] > 100 and seen["swapped_args"] > 50

@@ -60,6 +60,13 @@ def test_fault_rates_follow_the_profile(start_collector, sqlite_url: str) -> Non
     chats = [a for _, _, name, a in spans if name.startswith("chat") and "tracemill.sim.intended" in a]
     assert len(chats) == summary.outputs
     assert sum(len(a["tracemill.sim.faults"]) for a in chats) == sum(summary.faults.values())
+    # what a context fault lost, the user said just before the model call: the case is recoverable from the prompt
+    hinted = [(a, [f["hint"] for f in json.loads(a["tracemill.sim.fault_details"]) if f["hint"]]) for a in chats]
+    hinted = [(a, hints) for a, hints in hinted if hints]
+    assert len(hinted) > 20
+    for attrs, hints in hinted:
+        users = [m for m in json.loads(attrs["gen_ai.input.messages"]) if m["role"] == "user"]
+        assert users[-1]["parts"][0]["content"] == " ".join(hints)
     # the recorded intended call is a valid call to a tool the model was offered: the ground truth for repairs
     for attrs in chats[:200]:
         tools = [{"name": t["name"], "inputSchema": t["parameters"]}

@@ -2,7 +2,8 @@
 
 Metrics, per reviser (`none` is the output as sent, i.e. "before"): MCP-Bench's rule-based metrics (JSON validity,
 valid tool name rate, input schema compliance), verified-ok rate, agreement with the reference in BFCL's AST manner,
-recovery of the cases whose intent survives the faults, confident wrong answers, the share of valid inputs changed
+recovery of the cases whose intent survives the faults (and of those only the conversation can recover), confident
+wrong answers, the share of valid inputs changed
 (must be 0) and latency per revision.
 """
 
@@ -53,6 +54,8 @@ class Metrics:
     reference_match: float | None = None
     recovered: float | None = None
     recoverable_cases: int = 0
+    recovered_from_context: float | None = None
+    context_cases: int = 0
     wrong_ok: float | None = None
     valid_inputs: int = 0
     valid_changed: float | None = None
@@ -64,6 +67,7 @@ _ROWS = (
     ("json_valid", "JSON validity", True), ("valid_tool_name_rate", "valid tool name rate", True),
     ("input_schema_compliance", "input schema compliance", True), ("ok_rate", "verified ok", True),
     ("reference_match", "reference match (BFCL AST)", True), ("recovered", "recovered (recoverable faults)", True),
+    ("recovered_from_context", "recovered (context-recoverable faults)", True),
     ("wrong_ok", "ok but wrong (lower is better)", True), ("valid_changed", "valid inputs changed (must be 0)", True),
     ("median_us", "median µs per revision", False), ("p95_us", "p95 µs per revision", False),
 )
@@ -79,6 +83,7 @@ def _metrics(name: str, cases: Sequence[Case], results: Sequence[Result], valid:
         compliant += sum(v.name_valid and v.stage is not Stage.SCHEMA for v in parsed)
     with_answers = [(c, r) for c, r in zip(cases, results, strict=True) if r.match is not None]
     recoverable = [r for c, r in with_answers if c.recoverable and c.faults]
+    from_context = [r for c, r in with_answers if c.context_recoverable]
     valid_results = [r for r, v in zip(results, valid, strict=True) if v]
     micros = sorted(r.micros for r in results)
     return Metrics(
@@ -88,6 +93,8 @@ def _metrics(name: str, cases: Sequence[Case], results: Sequence[Result], valid:
         ok_rate=rate(sum(r.ok for r in results), len(results)),
         reference_match=rate(sum(bool(r.match) for _, r in with_answers), len(with_answers)),
         recovered=rate(sum(bool(r.match) for r in recoverable), len(recoverable)), recoverable_cases=len(recoverable),
+        recovered_from_context=rate(sum(bool(r.match) for r in from_context), len(from_context)),
+        context_cases=len(from_context),
         wrong_ok=rate(sum(r.ok and r.match is False for _, r in with_answers), len(with_answers)),
         valid_inputs=len(valid_results), valid_changed=rate(sum(r.changed for r in valid_results), len(valid_results)),
         median_us=statistics.median(micros) if micros else None,

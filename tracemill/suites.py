@@ -2,11 +2,13 @@
 
 A case is one model output with the tools it was offered: `{"tools": [...], "raw": "...", "reference": [ToolCall...] |
 null, "context": [...] | null}`, optionally with `"id"`, `"accepted"` (BFCL possible answers, one
-`{function: {param: [accepted values]}}` per expected call), `"recoverable"` and `"faults"` (from the fault library).
+`{function: {param: [accepted values]}}` per expected call), `"recoverable"`, `"context_recoverable"` and `"faults"`
+(from the fault library).
 
 Built-in suites: `bfcl` corrupts BFCL v4 ground truth with the seeded fault library (`tracemill.faults`) under each
-weak-model profile; `mcp-bench` does the same to one example call per MCP-Bench tool; `do-no-harm` holds valid calls
-only.
+weak-model profile, each case with BFCL's question as its conversation; `mcp-bench` does the same to one example call
+per MCP-Bench tool; `do-no-harm` holds valid calls only. A case with context faults (`tracemill.faults.CONTEXT_KINDS`)
+carries what the user said that the output lost, as the last user turn of its `context`.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class Case:
     accepted: tuple[Answer, ...] | None = None
     recoverable: bool | None = None
     faults: tuple[str, ...] = ()
+    context_recoverable: bool | None = None  # rules cannot recover it; a reviser reading the context can
 
     def answers(self) -> list[Answer] | None:
         if self.accepted is not None:
@@ -49,7 +52,8 @@ class Case:
         return {"id": self.id, "tools": [t.to_mcp() for t in self.tools], "raw": self.raw,
                 "reference": [c.to_dict() for c in self.reference] if self.reference is not None else None,
                 "context": self.context, "accepted": list(self.accepted) if self.accepted is not None else None,
-                "recoverable": self.recoverable, "faults": list(self.faults)}
+                "recoverable": self.recoverable, "faults": list(self.faults),
+                "context_recoverable": self.context_recoverable}
 
 
 class CaseError(ValueError):
@@ -99,7 +103,7 @@ def case_from_dict(obj: Any, where: str) -> Case:
         raise CaseError(f"{where}: 'accepted' must be a list of {{function: {{param: [values]}}}}")
     return Case(str(obj.get("id", where)), tools, raw, reference, context,
                 tuple(accepted) if accepted is not None else None, obj.get("recoverable"),
-                tuple(obj.get("faults") or ()))
+                tuple(obj.get("faults") or ()), obj.get("context_recoverable"))
 
 
 def read_cases(path: str | Path) -> list[Case]:
@@ -127,8 +131,11 @@ def bfcl_suite(seed: int = 0, profiles: Sequence[str] = WEAK_PROFILES) -> list[C
         for profile in profiles:
             rng = _rng(seed, profile, case.id)
             bad = corrupt_calls(reference, case.tools, sample_faults(profile, rng, n_calls=len(reference)), rng)
-            cases.append(Case(f"{case.id}/{profile}", case.tools, bad.raw, tuple(reference), None, case.answers,
-                              bad.recoverable, bad.kinds))
+            context = [{"role": "user", "content": case.question}]
+            if bad.hints:
+                context.append({"role": "user", "content": " ".join(bad.hints)})
+            cases.append(Case(f"{case.id}/{profile}", case.tools, bad.raw, tuple(reference), context, case.answers,
+                              bad.recoverable, bad.kinds, bad.context_recoverable))
     return cases
 
 
@@ -148,8 +155,9 @@ def mcp_bench_suite(seed: int = 0, profiles: Sequence[str] = WEAK_PROFILES) -> l
         for profile in profiles:
             rng = _rng(seed, profile, call.name)
             bad = corrupt_calls([call], tools, sample_faults(profile, rng, n_calls=1), rng)
-            cases.append(Case(f"{call.name}/{profile}", tools, bad.raw, (call,), None, None, bad.recoverable,
-                              bad.kinds))
+            context = [{"role": "user", "content": " ".join(bad.hints)}] if bad.hints else None
+            cases.append(Case(f"{call.name}/{profile}", tools, bad.raw, (call,), context, None, bad.recoverable,
+                              bad.kinds, bad.context_recoverable))
     return cases
 
 

@@ -20,7 +20,11 @@ is recoverable when no other offered tool shares its folded form (`tools.name_ke
 prefixes); a near-miss parameter name likewise among the parameters, and only when the call is invalid without it
 (the schema forbids unknown parameters or the parameter is required; otherwise the call is valid as sent); an unknown
 extra parameter when the schema forbids unknown parameters; `missing_required` and `truncated` (cut mid-value) never
-are.
+are. The context kinds (`CONTEXT_KINDS`: a required value left out that the request states, a synonym parameter name,
+two values swapped, a value in the wrong format, the right server's wrong tool) are never recoverable by rules;
+`Fault.context` marks them recoverable from the conversation, and `Corrupted.hints` is what the user's request must say
+for that (the simulator and the eval suites put it there). `Corrupted.context_recoverable`: rules cannot recover the
+output, a reviser reading the conversation can.
 
 Everything is deterministic for a given `random.Random` state; nothing here reads the clock or global randomness.
 """
@@ -31,13 +35,13 @@ import random
 from collections.abc import Sequence
 
 from tracemill.faults.content import CONTENT_FAULTS, Target, properties
-from tracemill.faults.kinds import CONTENT_KINDS, KINDS, RENDER_KINDS, TEXT_KINDS, Corrupted, Fault
+from tracemill.faults.kinds import CONTENT_KINDS, CONTEXT_KINDS, KINDS, RENDER_KINDS, TEXT_KINDS, Corrupted, Fault
 from tracemill.faults.profiles import PROFILES, WEAK_PROFILES, Profile, sample_faults
 from tracemill.faults.render import RenderCall, render
 from tracemill.tools import Tool
 from tracemill.verify import ToolCall
 
-__all__ = ["CONTENT_KINDS", "KINDS", "PROFILES", "RENDER_KINDS", "TEXT_KINDS", "WEAK_PROFILES", "Corrupted", "Fault",
+__all__ = ["CONTENT_KINDS", "CONTEXT_KINDS", "KINDS", "PROFILES", "RENDER_KINDS", "TEXT_KINDS", "WEAK_PROFILES", "Corrupted", "Fault",
            "Profile", "corrupt", "corrupt_calls", "sample_faults"]
 
 
@@ -60,7 +64,7 @@ def corrupt_calls(calls: Sequence[ToolCall], tools: Sequence[Tool], kinds: Seque
         if kind in wanted and work:
             target = rng.choice(work)
             done = CONTENT_FAULTS[kind](
-                Target(target.name, target.args, target.tool, names, properties(target.tool)), rng)
+                Target(target.name, target.args, target.tool, names, properties(target.tool), index), rng)
             if done is not None:
                 target.name, target.args, fault = done
                 faults.append(fault)

@@ -1,5 +1,8 @@
 """Content faults: what a weak model gets wrong in what a call says (names, parameter names, types, values), one small
-function a kind. Each changes the call it is given and says whether the intended call can still be recovered."""
+function a kind. Each changes the call it is given and says whether the intended call can still be recovered: by rules
+from the output alone (`Fault.recoverable`), or only from the conversation and the tools' meaning (`Fault.context`,
+with the `hint` the user's request must hold). A context fault is applied only where the call it leaves is invalid
+and the rules cannot make it valid, so that rules never turn one into a valid wrong call."""
 
 from __future__ import annotations
 
@@ -68,6 +71,7 @@ class Target:
     tool: Tool
     names: list[str]  # of every tool offered
     props: dict[str, Any]  # the tool's declared parameters
+    offered: Mapping[str, Tool]  # every tool offered, by name
 
 
 _Done = tuple[str, dict[str, Any], Fault]  # the call's new name and arguments, and the fault that made them
@@ -173,9 +177,165 @@ def _missing_required(t: Target, rng: random.Random) -> _Done | None:
     return t.name, {k: v for k, v in t.args.items() if k != param}, Fault("missing_required", False, param)
 
 
+# --- recoverable from the conversation and the tools' meaning, never by rules ---------------------------------------
+
+_SYNONYMS = {
+    "city": "location", "location": "place", "place": "location", "query": "search", "q": "search",
+    "keyword": "term", "keywords": "terms", "term": "phrase", "search": "lookup", "limit": "max", "max": "limit",
+    "count": "number", "number": "count", "num": "count", "name": "title", "title": "heading", "id": "identifier",
+    "date": "day", "address": "street", "country": "nation", "symbol": "ticker", "ticker": "symbol", "url": "link",
+    "link": "url", "text": "content", "content": "body", "message": "content", "email": "mail", "latitude": "lat",
+    "longitude": "lng", "lat": "latitude", "lon": "longitude", "lng": "longitude", "username": "handle",
+    "user": "account", "topic": "subject", "subject": "topic", "category": "genre", "sort": "ordering",
+    "order": "ordering", "page": "offset", "radius": "distance", "amount": "quantity", "quantity": "amount",
+    "start": "begin", "end": "finish", "source": "origin", "origin": "source", "destination": "target",
+    "target": "destination", "language": "locale", "lang": "locale", "code": "identifier", "type": "kind",
+    "value": "amount", "file": "document", "description": "summary", "gene": "locus", "drug": "medication",
+    "disease": "condition", "year": "season", "state": "region", "path": "location", "days": "duration",
+}
+_MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+           "November", "December")
+_ISO_DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})")
+_NUMERIC_TEXT = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*|\s*(true|false|null|None)\s*", re.I)
+
+
+def _words(name: str) -> list[str]:
+    return [w for w in re.split(r"[_\-\s.]+", _split_camel(name)) if w]
+
+
+def _said(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _required(t: Target) -> list[str]:
+    required = _schema(t.tool).get("required")
+    return [r for r in required if isinstance(r, str)] if isinstance(required, list) else []
+
+
+def _has_default(t: Target, param: str) -> bool:
+    return isinstance(t.props.get(param), Mapping) and "default" in t.props[param]
+
+
+def _scalar(value: Any) -> bool:
+    return isinstance(value, (str, int, float)) and not isinstance(value, bool)
+
+
+def _omitted_value(t: Target, rng: random.Random) -> _Done | None:
+    """A required value left out that the user's request states."""
+    options = [p for p in t.args if p in _required(t) and _scalar(t.args[p]) and not _has_default(t, p)]
+    if not options:
+        return None
+    param = rng.choice(options)
+    hint = f"{' '.join(_words(param)).capitalize()}: {_said(t.args[param])}."
+    return (t.name, {k: v for k, v in t.args.items() if k != param},
+            Fault("omitted_value", False, param, context=True, hint=hint))
+
+
+def _synonym(param: str) -> str | None:
+    words = _words(param)
+    for i, word in enumerate(words):
+        if word in _SYNONYMS:
+            words[i] = _SYNONYMS[word]
+            if "_" in param or "-" in param or param.islower():
+                return "_".join(words)
+            return _camel("_".join(words))
+    return None
+
+
+def _synonym_param(t: Target, rng: random.Random) -> _Done | None:
+    """A required parameter under a synonym (`location` for `city`): not a near miss, so rules cannot map it."""
+    taken = {name_key(p) for p in (*t.props, *t.args)}
+    options = [(p, s) for p in t.args if p in _required(t) and not _has_default(t, p)
+               and (s := _synonym(p)) is not None and name_key(s) not in taken]
+    if not options:
+        return None
+    param, synonym = rng.choice(options)
+    renamed = {synonym if k == param else k: v for k, v in t.args.items()}
+    return t.name, renamed, Fault("synonym_param", False, f"{param} -> {synonym}", context=True)
+
+
+def _breaks(value: Any, prop: Any) -> bool:
+    """`value` in a parameter of schema `prop` is invalid in a way no rule fixes (not in its enum up to case, or text
+    where only a number goes)."""
+    if not isinstance(prop, Mapping) or not isinstance(value, str):
+        return False
+    enum = prop.get("enum")
+    if isinstance(enum, list) and enum:
+        return value.casefold() not in {str(e).casefold() for e in enum} and value not in map(json.dumps, enum)
+    types = schema_types(prop)
+    return bool(types) and types <= {"integer", "number"} and not _NUMERIC_TEXT.fullmatch(value)
+
+
+def _swapped_args(t: Target, rng: random.Random) -> _Done | None:
+    """The values of two parameters swapped; the request says which is which."""
+    params = [p for p in t.args if _scalar(t.args[p])]
+    pairs = [(a, b) for i, a in enumerate(params) for b in params[i + 1:] if t.args[a] != t.args[b]
+             and (_breaks(t.args[b], t.props.get(a)) or _breaks(t.args[a], t.props.get(b)))]
+    if not pairs:
+        return None
+    a, b = rng.choice(pairs)
+    hint = (f"{' '.join(_words(a)).capitalize()}: {_said(t.args[a])}; "
+            f"{' '.join(_words(b))}: {_said(t.args[b])}.")
+    return (t.name, {**t.args, a: t.args[b], b: t.args[a]},
+            Fault("swapped_args", False, f"{a} <-> {b}", context=True, hint=hint))
+
+
+def _prose_date(value: str) -> str | None:
+    match = _ISO_DATE.match(value)
+    if match is None or not 1 <= int(match[2]) <= 12:
+        return None
+    return f"{_MONTHS[int(match[2]) - 1]} {int(match[3])}, {match[1]}"
+
+
+def _wrong_format(t: Target, rng: random.Random) -> _Done | None:
+    """A value in the wrong format where the schema says the format: an enum written as prose, a date written out."""
+    options: list[tuple[str, str]] = []
+    for param, value in t.args.items():
+        prop = t.props.get(param)
+        if not isinstance(value, str) or not isinstance(prop, Mapping):
+            continue
+        enum = prop.get("enum")
+        if isinstance(enum, list) and value in enum:
+            prose = f"{' '.join(_words(value))} {' '.join(_words(param))}".strip()
+            if prose.casefold() not in {str(e).casefold() for e in enum}:
+                options.append((param, prose))
+        elif (prose := _prose_date(value)) is not None:
+            pattern = prop.get("pattern")
+            if prop.get("format") == "date" or (isinstance(pattern, str) and re.search(pattern, prose) is None):
+                options.append((param, prose))
+    if not options:
+        return None
+    param, prose = rng.choice(options)
+    return (t.name, {**t.args, param: prose},
+            Fault("wrong_format", False, f"{param}: {t.args[param]!r} -> {prose!r}", context=True))
+
+
+def _wrong_tool(t: Target, rng: random.Random) -> _Done | None:
+    """Another tool of the same server, with the arguments meant for this one; the request names what is wanted. Only
+    a tool that needs a parameter the call lacks (and has no default for it), so that no rule makes the call valid."""
+    server = t.tool.name.rpartition(":")[0]
+    keys = {name_key(k) for k in t.args}
+    options = []
+    for other in t.offered.values():
+        if other.name == t.tool.name or other.name.rpartition(":")[0] != server:
+            continue
+        schema = other.input_schema if isinstance(other.input_schema, Mapping) else {}
+        props = schema.get("properties") if isinstance(schema.get("properties"), Mapping) else {}
+        required = schema.get("required") if isinstance(schema.get("required"), list) else []
+        if any(isinstance(r, str) and name_key(r) not in keys
+               and not (isinstance(props.get(r), Mapping) and "default" in props[r]) for r in required):
+            options.append(other.name)
+    if not options:
+        return None
+    other = rng.choice(sorted(options))
+    hint = f"Use {' '.join(_words(base_name(t.tool.name)))} for this."
+    return other, t.args, Fault("wrong_tool", False, f"{t.name} -> {other}", context=True, hint=hint)
+
+
 CONTENT_FAULTS: dict[str, Callable[[Target, random.Random], _Done | None]] = {
     "tool_name_case": _tool_name_case, "tool_name_separator": _tool_name_separator,
     "tool_name_prefix": _tool_name_prefix, "param_name": _param_name, "enum_case": _enum_case,
     "number_as_string": _number_as_string, "array_as_string": _array_as_string, "extra_param": _extra_param,
-    "missing_required": _missing_required,
+    "missing_required": _missing_required, "omitted_value": _omitted_value, "synonym_param": _synonym_param,
+    "swapped_args": _swapped_args, "wrong_format": _wrong_format, "wrong_tool": _wrong_tool,
 }

@@ -86,6 +86,7 @@ class Settings:
     retry_rate: float = 0.7  # an agent retries a failed step with this probability
     max_retries: int = 2
     parallel_rate: float = 0.1  # a step that asks for two calls at once
+    strict_arguments: bool = True  # the MCP servers refuse parameters their schema does not declare
 
 
 def _domain(scenario: Scenario, tool_name: str) -> str | None:
@@ -130,6 +131,14 @@ def _emit(corrupted: Corrupted, tools_index: dict[str, Tool], rng: random.Random
             return _Emitted(None, natives, [verify({"name": c["name"], "arguments": c["arguments"]}, tools_index)
                                             for c in natives])
     return _Emitted(corrupted.raw, [], [verify(corrupted.raw, tools_index)])
+
+
+def _undeclared(call: ToolCall, verdict: Verdict) -> list[str]:
+    """Parameters the call passes that its tool's schema does not declare (a schema that allows them still gets them
+    refused by a strict server: pydantic or zod models that forbid extras)."""
+    schema = verdict.tool.input_schema if verdict.tool is not None else {}
+    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    return [p for p in call.arguments if p not in props]
 
 
 def _result(call: ToolCall, rng: random.Random) -> str:
@@ -186,12 +195,15 @@ class Episode:
         """One model call and the executions it leads to; True when every intended call ran successfully."""
         kinds = sample_faults(self.settings.profile, self.rng, n_calls=len(intended))
         corrupted = corrupt_calls(intended, self.scenario.tools, kinds, self.rng)
+        if corrupted.hints:  # what the model got wrong, the user had said: the request's details, as a follow-up
+            self.messages.append({"role": "user", "content": " ".join(corrupted.hints)})
         emitted = _emit(corrupted, self.index, self.rng)
         domains = sorted({d for c in intended if (d := _domain(self.scenario, c.name))})
         sim: dict[str, Any] = {
             "tracemill.sim.faults": list(corrupted.kinds),
             "tracemill.sim.fault_details": orjson.dumps([f.to_dict() for f in corrupted.faults]).decode(),
             "tracemill.sim.recoverable": corrupted.recoverable,
+            "tracemill.sim.context_recoverable": corrupted.context_recoverable,
             "tracemill.sim.intended": orjson.dumps([c.to_dict() for c in intended]).decode(),
             "tracemill.sim.attempt": attempt,
             "tracemill.sim.scenario": self.scenario.id,
@@ -234,6 +246,8 @@ class Episode:
             error, message = "unknown_tool", f"Unknown tool: {call.name}"
         elif verdict.stage == Stage.SCHEMA:
             error, message = "invalid_arguments", f"Invalid arguments: {verdict.violations[0].message}"
+        elif self.settings.strict_arguments and (undeclared := _undeclared(call, verdict)):
+            error, message = "invalid_arguments", f"Invalid arguments: unexpected parameter {undeclared[0]!r}"
         elif self.rng.random() < self.settings.tool_error_rate:
             error, message = "upstream_error", "The upstream service did not answer in time."
         else:
