@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 from datetime import datetime
 from typing import Any
 
@@ -122,3 +123,75 @@ def _print_table(title: str, heads: list[str], body: list[list[str]], markdown: 
         table.add_row(*row)
     Console().print(table)
 
+
+
+class SinceType(click.ParamType):
+    """`last` (what is new since the previous export) or a date."""
+
+    name = "last|DATE"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str | datetime:
+        if value == "last" or isinstance(value, datetime):
+            return value
+        return DATE.convert(value, param, ctx)
+
+
+@click.command()
+@database_option
+@click.option("--out", type=click.Path(path_type=Path), required=True,
+              help="The export folder (train.jsonl, eval.jsonl, Parquet beside them, dataset.json).")
+@click.option("--since", type=SinceType(), help="`last`: only calls stored since the previous export read; or a date.")
+@call_filter_options
+@click.option("--eval-after", type=DATE, help="Eval is the traces that began at or after this date (UTC); "
+              "default: a hashed share of the traces.")
+@click.option("--eval-share", type=click.FloatRange(0, 1), default=0.1, show_default=True,
+              help="Share of traces in eval (without --eval-after).")
+@click.option("--valid-share", type=click.FloatRange(0, 1), default=0.2, show_default=True,
+              help="Share of the rows that are valid calls, labelled valid.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the split and the valid sample.")
+@click.option("--max-tools", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Tools a prompt shows: those the output names, then their nearest neighbours.")
+@click.option("--budget-tokens", type=click.IntRange(min=16), default=1024, show_default=True,
+              help="Tokens of conversation a prompt keeps (newest turns, the user's last request always).")
+@click.option("--json", "as_json", is_flag=True, help="Print the card as JSON.")
+def mine(db_url: str | None, out: Path, since: str | datetime | None, where: CallFilter,
+         eval_after: datetime | None, eval_share: float, valid_share: float, seed: int, max_tools: int,
+         budget_tokens: int, as_json: bool) -> None:
+    """Export failed tool calls (and a share of valid ones) as RL prompts for the reviser's GRPO training.
+
+    Each row has the reviser's prompt, the call's verdict and failure class, and a reference with its provenance
+    (gold: a reviewer; silver: the agent's own later repair; bronze: the deterministic reviser). Train and eval never
+    share a trace. The export is recorded in the store's `datasets` table."""
+    from rich.progress import Progress
+
+    from tracemill.miner.export import ExportError, MineOptions, check_out
+    from tracemill.miner.export import mine as run
+    from tracemill.reviser_prompt import PromptSettings
+    from tracemill.store.queries import count_calls
+
+    try:
+        check_out(out)
+    except ExportError as exc:
+        raise click.ClickException(str(exc)) from None
+    if isinstance(since, datetime):
+        where = replace(where, since=since)
+    engine = open_store(db_url, where)
+    options = MineOptions(where=where, since_last=since == "last", eval_after=eval_after, eval_share=eval_share,
+                          valid_share=valid_share, seed=seed,
+                          prompt=PromptSettings(max_tools=max_tools, budget_tokens=budget_tokens))
+    with engine.connect() as conn:
+        total = count_calls(conn, where)
+    with Progress(transient=True, disable=as_json) as bar:
+        task = bar.add_task("mining", total=total)
+        try:
+            result = run(engine, out, options, progress=lambda n: bar.advance(task, n))
+        except ExportError as exc:
+            raise click.ClickException(str(exc)) from None
+    card = result.card
+    if as_json:
+        click.echo(json.dumps(card, indent=2))
+        return
+    provenance = ", ".join(f"{k} {v}" for k, v in card["counts"]["provenance"].items())
+    click.echo(f"{result.path}: {result.rows['train']} train and {result.rows['eval']} eval rows from "
+               f"{card['calls_read']} calls (dataset {result.dataset_id}; references: {provenance or 'none'}; "
+               f"{card['duplicates_dropped']} duplicates dropped)")

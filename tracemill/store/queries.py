@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Engine, Select, String, and_, func, or_, select
+from sqlalchemy import ColumnElement, Connection, Engine, Select, String, and_, func, or_, select, tuple_
 
 from tracemill.spans import SpanRecord
 from tracemill.store.payloads import resolve
@@ -147,6 +147,37 @@ def iter_calls(engine: Engine, f: CallFilter = CallFilter(), batch: int = 5000) 
             return
         yield page
         last = page[-1].id
+
+
+def iter_traces(engine: Engine, f: CallFilter = CallFilter(), batch: int = 5000) -> Iterator[list[list[StoredCall]]]:
+    """The calls `f` selects, trace by trace: each item a batch of whole traces, each trace's calls in the order they
+    were made. Read in pages of about `batch` calls keyed on the unique (trace, span, index) key, each page its own
+    short transaction; a trace cut by a page's end is completed from the next."""
+    key = (C.trace_id, C.span_id, C.call_index)
+    last: tuple[str, str, int] | None = None
+    carry: list[StoredCall] = []
+    while True:
+        statement = f.apply(select(*_CALL_COLUMNS)).order_by(*key).limit(batch)
+        if last is not None:
+            statement = statement.where(tuple_(*key) > tuple_(*last))
+        with engine.connect() as conn:
+            page = [StoredCall(*row) for row in conn.execute(statement)]
+        done = len(page) < batch
+        found = carry + page
+        carry = [] if done or not found else [c for c in found if c.trace_id == found[-1].trace_id]
+        whole = found if done else [c for c in found if c.trace_id != found[-1].trace_id]
+        if whole:
+            yield _by_trace(whole)
+        if done:
+            return
+        last = (page[-1].trace_id, page[-1].span_id, page[-1].call_index)
+
+
+def _by_trace(found: list[StoredCall]) -> list[list[StoredCall]]:
+    traces: dict[str, list[StoredCall]] = {}
+    for c in found:
+        traces.setdefault(c.trace_id, []).append(c)
+    return [sorted(t, key=lambda c: (c.start_time_ns, c.call_index, c.id)) for t in traces.values()]
 
 
 def _as_kwargs(f: CallFilter) -> dict[str, Any]:

@@ -1,0 +1,220 @@
+"""`tracemill mine` on corpora `tracemill simulate` sent through a real collector, on SQLite and PostgreSQL: the
+exported failed calls are the injected faults, every silver reference is the call the simulated agent meant, the
+export loads with `datasets`, is the same twice, never splits a trace, and bad input or an interrupted run leaves
+nothing half-written."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import insert, select
+
+from tracemill.cli import main
+from tracemill.faults import PROFILES, Profile
+from tracemill.miner.export import MineOptions, mine
+from tracemill.miner.failures import failure_modes
+from tracemill.simulate import simulate
+from tracemill.store.engine import make_engine
+from tracemill.store.tables import DatasetRow, ReviewRow, ToolCallRow
+from tracemill.suites import read_cases
+
+from sim_truth import simulated_outputs
+
+pytestmark = pytest.mark.timeout(240)
+
+START_NS = 1_780_000_000_000_000_000
+
+
+def _mine(db_url: str, out: Path, *args: str) -> dict:
+    done = CliRunner().invoke(main, ["mine", "--db", db_url, "--out", str(out), "--json", *args])
+    assert done.exit_code == 0, done.output
+    return json.loads(done.output)
+
+
+def _rows(out: Path, split: str | None = None) -> list[dict]:
+    return [json.loads(line) for s in ([split] if split else ["train", "eval"])
+            for line in (out / f"{s}.jsonl").read_text().splitlines()]
+
+
+def _span_of_call(db_url: str) -> dict[int, tuple[str, str]]:
+    engine = make_engine(db_url)
+    with engine.connect() as conn:
+        found = {r.id: (r.trace_id, r.span_id) for r in conn.execute(
+            select(ToolCallRow.id, ToolCallRow.trace_id, ToolCallRow.span_id))}
+    engine.dispose()
+    return found
+
+
+def test_exported_failures_are_the_injected_faults_and_silver_is_what_was_meant(start_collector, db_url: str,
+                                                                               tmp_path: Path) -> None:
+    collector = start_collector(db_url)
+    simulate(collector.url, traces=300, seed=5, profile="llama3.1-8b", start_ns=START_NS)
+    card = _mine(db_url, tmp_path / "ds")
+    rows = _rows(tmp_path / "ds")
+    outputs = simulated_outputs(db_url)
+    span_of = _span_of_call(db_url)
+
+    exported = {span_of[r["call_id"]] for r in rows if not r["valid"]}
+    injected = {key for key, o in outputs.items() if o.injected}
+    hits = len(exported & injected)
+    assert hits / len(exported) >= 0.99 and hits / len(injected) >= 0.99, (len(exported), len(injected), hits)
+
+    silver = [r for r in rows if r["provenance"] == "silver"]
+    assert len(silver) > 50
+    for row in silver:
+        intended = outputs[span_of[row["call_id"]]].intended
+        assert all(call in intended for call in json.loads(row["reference"])), row
+    assert card["counts"]["provenance"]["bronze"] > 50
+    assert 0.15 < card["counts"]["failure_class"]["valid"] / card["counts"]["rows"] < 0.25
+
+    # the repairs are in the store too: each silver repair names the failed call it repaired
+    engine = make_engine(db_url)
+    with engine.connect() as conn:
+        linked = conn.execute(select(ToolCallRow.repairs_id, ToolCallRow.stage, ToolCallRow.execution_status)
+                              .where(ToolCallRow.repairs_id.is_not(None))).all()
+        failed = set(conn.execute(select(ToolCallRow.id).where(ToolCallRow.stage.is_not(None))).scalars())
+    engine.dispose()
+    assert len(linked) == card["repairs_linked"] >= len({r["id"] for r in silver}) * 0.5
+    assert all(stage is None and status != "error" for _, stage, status in linked)
+    silver_ids = {int(r["id"]) for r in silver}
+    assert silver_ids & {f for f, _, _ in linked} and {f for f, _, _ in linked} <= failed | {
+        int(r["id"]) for r in rows if r["failure_class"].startswith("execution")} | silver_ids
+
+
+RANKED = Profile("ranked", {"python_tag": 0.12, "number_as_string": 0.25, "tool_name_case": 0.05,
+                            "missing_required": 0.02})
+MODE_OF_KIND = {"python_tag": "parse · invalid_json", "tool_name_case": "tool_name · unknown_tool",
+                "number_as_string": "schema · wrong_type", "missing_required": "schema · missing_required"}
+PRECEDENCE = ("python_tag", "tool_name_case", "missing_required", "number_as_string")  # the verifier's stage order
+
+
+def test_failures_rank_the_injected_modes_in_the_order_of_their_rates(start_collector, sqlite_url: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(PROFILES, "ranked", RANKED)
+    collector = start_collector(sqlite_url)
+    simulate(collector.url, traces=400, seed=2, profile="ranked", start_ns=START_NS, tool_error_rate=0.01)
+    injected: Counter[str] = Counter()
+    for output in simulated_outputs(sqlite_url).values():
+        first = next((k for k in PRECEDENCE if k in output.faults), None)
+        if first is not None:
+            injected[MODE_OF_KIND[first]] += 1
+    engine = make_engine(sqlite_url)
+    found = {m.label: m.count for m in failure_modes(engine, by=("stage", "kind"))}
+    engine.dispose()
+    expected_order = [mode for mode, _ in injected.most_common()]
+    assert [mode for mode in sorted(found, key=lambda m: -found[m]) if mode in injected] == expected_order
+    for mode, count in injected.items():
+        assert abs(found[mode] - count) <= max(3, 0.05 * count), (mode, found[mode], count)
+
+
+def test_the_export_loads_with_datasets_is_deterministic_and_never_splits_a_trace(start_collector, db_url: str,
+                                                                                tmp_path: Path) -> None:
+    from datasets import load_dataset
+
+    collector = start_collector(db_url)
+    simulate(collector.url, traces=120, seed=9, profile="gemma3-27b", start_ns=START_NS)
+    first = _mine(db_url, tmp_path / "a", "--eval-share", "0.3")
+    second = _mine(db_url, tmp_path / "b", "--eval-share", "0.3")
+    assert first["content_hash"] == second["content_hash"]
+    for name in ("train.jsonl", "eval.jsonl"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+    train, evaluation = _rows(tmp_path / "a", "train"), _rows(tmp_path / "a", "eval")
+    assert train and evaluation
+    assert not {r["trace_id"] for r in train} & {r["trace_id"] for r in evaluation}
+    assert len({r["id"] for r in train + evaluation}) == len(train) + len(evaluation)
+
+    files = {s: str(tmp_path / "a" / f"{s}.jsonl") for s in ("train", "eval")}
+    loaded = load_dataset("json", data_files=files)
+    parquet = load_dataset("parquet", data_files={s: f.replace(".jsonl", ".parquet") for s, f in files.items()})
+    for data in (loaded, parquet):
+        assert data["train"].num_rows == len(train) and data["eval"].num_rows == len(evaluation)
+        prompt = data["train"][0]["prompt"]
+        assert [m["role"] for m in prompt] == ["system", "user"] and "<output>" in prompt[1]["content"]
+    assert loaded["train"].column_names == parquet["train"].column_names
+    assert first["prompt_settings"]["max_tools"] == 4
+
+    cases = read_cases(tmp_path / "a" / "eval.jsonl")  # an eval split is a case file for `tracemill eval`
+    assert len(cases) == len(evaluation) and all(c.tools for c in cases)
+    done = CliRunner().invoke(main, ["eval", "--cases", files["eval"], "--reviser", "rules", "--json"])
+    assert done.exit_code == 0 and json.loads(done.output)["cases"] == len(evaluation)
+
+    later = _mine(db_url, tmp_path / "c", "--eval-after", "2000-01-01")  # every trace began after it: all eval
+    assert later["splits"]["train"]["rows"] == 0 and later["splits"]["eval"]["rows"] > 0
+
+
+def test_since_last_mines_only_what_is_new_and_gold_comes_from_reviews(start_collector, sqlite_url: str,
+                                                                       tmp_path: Path) -> None:
+    collector = start_collector(sqlite_url)
+    simulate(collector.url, traces=60, seed=1, start_ns=START_NS)
+    first = _mine(sqlite_url, tmp_path / "one")
+    engine = make_engine(sqlite_url)
+    with engine.begin() as conn:
+        failed = conn.execute(select(ToolCallRow.id).where(ToolCallRow.stage.is_not(None))
+                              .order_by(ToolCallRow.id.desc()).limit(1)).scalar_one()
+    simulate(collector.url, traces=60, seed=2, start_ns=START_NS)
+    approved = {"name": "Reviewed:tool", "arguments": {"checked": True}}
+    with engine.begin() as conn:
+        newest = conn.execute(select(ToolCallRow.id).where(ToolCallRow.stage.is_not(None))
+                              .order_by(ToolCallRow.id.desc()).limit(1)).scalar_one()
+        conn.execute(insert(ReviewRow).values(call_id=newest, reviewer="ana", decision="edit", before=None,
+                                              after=approved))
+    second = _mine(sqlite_url, tmp_path / "two", "--since", "last")
+    rows = _rows(tmp_path / "two")
+    assert rows and all(r["call_id"] > first["last_call_id"] for r in rows) and failed <= first["last_call_id"]
+    gold = [r for r in rows if r["provenance"] == "gold"]
+    assert [(r["call_id"], json.loads(r["reference"])) for r in gold] == [(newest, [approved])]
+    with engine.connect() as conn:
+        recorded = conn.execute(select(DatasetRow.name, DatasetRow.last_call_id, DatasetRow.train_rows,
+                                       DatasetRow.content_hash).order_by(DatasetRow.id)).all()
+    engine.dispose()
+    assert [r.name for r in recorded] == ["one", "two"]
+    assert recorded[1].last_call_id == second["last_call_id"] > first["last_call_id"]
+    assert recorded[1].content_hash == second["content_hash"]
+
+
+def test_bad_input_gets_one_line_naming_it(start_collector, sqlite_url: str, tmp_path: Path) -> None:
+    collector = start_collector(sqlite_url)
+    simulate(collector.url, traces=10, seed=1, start_ns=START_NS)
+    runner = CliRunner()
+    unknown = runner.invoke(main, ["mine", "--db", sqlite_url, "--out", str(tmp_path / "x"), "--model", "gpt-9"])
+    assert unknown.exit_code == 1 and "no stored call has model 'gpt-9'" in unknown.output
+    garbage = tmp_path / "garbage.db"
+    garbage.write_text("not a database\n" * 100)
+    unreadable = runner.invoke(main, ["mine", "--db", f"sqlite:///{garbage}", "--out", str(tmp_path / "y")])
+    assert unreadable.exit_code == 1 and "cannot read the store" in unreadable.output
+    assert len(unreadable.output.strip().splitlines()) == 1
+    taken = tmp_path / "notes"
+    taken.mkdir()
+    (taken / "todo.txt").write_text("mine")
+    refused = runner.invoke(main, ["mine", "--db", sqlite_url, "--out", str(taken)])
+    assert refused.exit_code == 1 and f"{taken} exists and is not a Tracemill export" in refused.output
+    assert (taken / "todo.txt").read_text() == "mine" and not (tmp_path / "x").exists()
+
+
+def test_an_interrupted_run_leaves_no_export_and_keeps_the_previous_one(start_collector, sqlite_url: str,
+                                                                       tmp_path: Path) -> None:
+    collector = start_collector(sqlite_url)
+    simulate(collector.url, traces=80, seed=4, start_ns=START_NS)
+    engine = make_engine(sqlite_url)
+    out = tmp_path / "ds"
+
+    def interrupt(_: int) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        mine(engine, out, MineOptions(batch=50), progress=interrupt)
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".ds")]
+    done = mine(engine, out, MineOptions())
+    before = (out / "train.jsonl").read_bytes()
+    with pytest.raises(KeyboardInterrupt):
+        mine(engine, out, MineOptions(batch=50, seed=1), progress=interrupt)
+    assert (out / "train.jsonl").read_bytes() == before and json.loads((out / "dataset.json").read_text())[
+        "content_hash"] == done.card["content_hash"]
+    with engine.connect() as conn:
+        assert conn.execute(select(DatasetRow.id)).scalars().all() == [done.dataset_id]
+    engine.dispose()
