@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 from datetime import datetime
@@ -153,10 +154,13 @@ class SinceType(click.ParamType):
               help="Tools a prompt shows: those the output names, then their nearest neighbours.")
 @click.option("--budget-tokens", type=click.IntRange(min=16), default=1024, show_default=True,
               help="Tokens of conversation a prompt keeps (newest turns, the user's last request always).")
+@click.option("--workers", type=click.IntRange(min=1), default=lambda: min(os.cpu_count() or 1, 8),
+              show_default="one per core, up to 8", help="Processes, each mining a share of the traces (the "
+              "export is the same for any number).")
 @click.option("--json", "as_json", is_flag=True, help="Print the card as JSON.")
 def mine(db_url: str | None, out: Path, since: str | datetime | None, where: CallFilter,
          eval_after: datetime | None, eval_share: float, valid_share: float, seed: int, max_tools: int,
-         budget_tokens: int, as_json: bool) -> None:
+         budget_tokens: int, workers: int, as_json: bool) -> None:
     """Export failed tool calls (and a share of valid ones) as RL prompts for the reviser's GRPO training.
 
     Each row has the reviser's prompt, the call's verdict and failure class, and a reference with its provenance
@@ -177,7 +181,7 @@ def mine(db_url: str | None, out: Path, since: str | datetime | None, where: Cal
         where = replace(where, since=since)
     engine = open_store(db_url, where)
     options = MineOptions(where=where, since_last=since == "last", eval_after=eval_after, eval_share=eval_share,
-                          valid_share=valid_share, seed=seed,
+                          valid_share=valid_share, seed=seed, workers=workers,
                           prompt=PromptSettings(max_tools=max_tools, budget_tokens=budget_tokens))
     with engine.connect() as conn:
         total = count_calls(conn, where)

@@ -31,9 +31,17 @@ def _messages(value: Any) -> list[Any] | None:
     return [_decoded(m) if isinstance(m, str) else m for m in decoded if isinstance(m, (Mapping, str))]
 
 
+_KEYS = ("gen_ai.input.messages", "gen_ai.prompt", "input.value")
+
+
+def is_conversation(key: str) -> bool:
+    """Whether a span attribute holds (part of) the conversation `span_messages` reads."""
+    return key in _KEYS or key.startswith("llm.input_messages.")
+
+
 def span_messages(attributes: Mapping[str, Any]) -> list[Any]:
     """The input messages of one model-call span (its payloads resolved); [] when the span does not say."""
-    for key in ("gen_ai.input.messages", "gen_ai.prompt", "input.value"):
+    for key in _KEYS:
         if key in attributes:
             found = _messages(attributes[key])
             if found:

@@ -13,31 +13,25 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import orjson
-from sqlalchemy import Engine, and_, bindparam, insert, select, tuple_, update
+from sqlalchemy import Engine, and_, bindparam, insert, select, update
 
-from tracemill.miner.conversation import span_messages
-from tracemill.miner.parquet import ParquetSplit
-from tracemill.miner.repairs import find_repairs
-from tracemill.miner.rows import build_row, reference_for
+from tracemill.miner.parquet import merge_parquet
+from tracemill.miner.part import SPLITS, PartOptions, PartResult, init_worker, mine_part, part_files, run_part
 from tracemill.reviser_prompt import PromptSettings
-from tracemill.store.payloads import resolve
-from tracemill.store.queries import CallFilter, StoredCall, count_calls, iter_traces, toolsets
-from tracemill.store.tables import DatasetRow, ReviewRow, SpanRow, ToolCallRow, utcnow
-from tracemill.tools import Tool, tool_index
+from tracemill.store.queries import CallFilter, count_calls
+from tracemill.store.tables import DatasetRow, ToolCallRow, utcnow
 
 FORMAT = "tracemill.rl-prompts/1"
-SPLITS = ("train", "eval")
 
 
 class ExportError(ValueError):
@@ -54,6 +48,7 @@ class MineOptions:
     seed: int = 0
     prompt: PromptSettings = PromptSettings()
     batch: int = 5000
+    workers: int = 1  # processes, each mining a range of trace ids; the export is the same for any number
 
 
 @dataclass(slots=True)
@@ -65,12 +60,6 @@ class ExportResult:
     @property
     def rows(self) -> dict[str, int]:
         return {s: self.card["splits"][s]["rows"] for s in SPLITS}
-
-
-def _unit(seed: int, what: str, key: str) -> float:
-    """A number in [0, 1) fixed by the seed and the key: sampling and splitting that re-runs alike."""
-    digest = hashlib.blake2b(f"{seed}:{what}:{key}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") / 2**64
 
 
 def is_export(path: Path) -> bool:
@@ -89,81 +78,6 @@ def check_out(out: Path) -> None:
                           "choose another --out")
 
 
-@dataclass(slots=True)
-class _Split:
-    name: str
-    folder: Path
-    jsonl: Any = None
-    parquet: ParquetSplit | None = None
-    digest: Any = field(default_factory=hashlib.sha256)
-    rows: int = 0
-    counts: dict[str, Counter[str]] = field(default_factory=lambda: {
-        k: Counter() for k in ("failure_class", "provenance", "model", "harness_version")})
-
-    def open(self) -> None:
-        self.jsonl = open(self.folder / f"{self.name}.jsonl", "wb")
-        self.parquet = ParquetSplit(self.folder / f"{self.name}.parquet")
-
-    def add(self, row: dict[str, Any]) -> None:
-        line = orjson.dumps(row) + b"\n"
-        self.jsonl.write(line)
-        self.digest.update(line)
-        assert self.parquet is not None
-        self.parquet.add(row)
-        self.rows += 1
-        for key, counter in self.counts.items():
-            counter["none" if row[key] is None else str(row[key])] += 1
-
-    def close(self) -> None:
-        if self.jsonl is not None:
-            self.jsonl.close()
-        if self.parquet is not None:
-            self.parquet.close()
-
-    def summary(self) -> dict[str, Any]:
-        return {"rows": self.rows, "sha256": self.digest.hexdigest(),
-                **{k: dict(sorted(c.items())) for k, c in self.counts.items()}}
-
-
-class _Tools:
-    """Tool indexes by toolset id, read once each."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.indexes: dict[int, dict[str, Tool]] = {}
-
-    def for_calls(self, calls: Iterable[StoredCall]) -> dict[int, dict[str, Tool]]:
-        wanted = {c.toolset_id for c in calls if c.toolset_id is not None} - set(self.indexes)
-        if wanted:
-            with self.engine.connect() as conn:
-                for toolset_id, tools in toolsets(conn, wanted).items():
-                    self.indexes[toolset_id] = tool_index(tools)
-        return self.indexes
-
-
-def _contexts(engine: Engine, calls: list[StoredCall]) -> dict[tuple[str, str], list[Any]]:
-    keys = sorted({(c.trace_id, c.span_id) for c in calls})
-    found: dict[tuple[str, str], list[Any]] = {}
-    with engine.connect() as conn:
-        for start in range(0, len(keys), 500):
-            chunk = keys[start:start + 500]
-            rows = conn.execute(select(SpanRow.trace_id, SpanRow.span_id, SpanRow.attributes)
-                                .where(tuple_(SpanRow.trace_id, SpanRow.span_id).in_(chunk))).all()
-            for row in rows:
-                attributes = row.attributes if isinstance(row.attributes, dict) else {}
-                found[(row.trace_id, row.span_id)] = span_messages(resolve(conn, attributes))
-    return found
-
-
-def _reviews(engine: Engine, ids: list[int]) -> dict[int, Any]:
-    if not ids:
-        return {}
-    with engine.connect() as conn:
-        rows = conn.execute(select(ReviewRow.call_id, ReviewRow.after).where(
-            ReviewRow.call_id.in_(ids), ReviewRow.decision.in_(("approve", "edit")))).all()
-    return {row.call_id: row.after for row in rows}
-
-
 def _valid_rate(engine: Engine, where: CallFilter, share: float) -> float:
     """The share of valid calls to sample so that they make `share` of the rows."""
     if share <= 0:
@@ -174,11 +88,6 @@ def _valid_rate(engine: Engine, where: CallFilter, share: float) -> float:
     if share >= 1 or valid == 0:
         return 1.0
     return min(1.0, share / (1 - share) * failed / valid)
-
-
-def _normalised(prompt: list[dict[str, str]]) -> bytes:
-    text = "\x1e".join(f"{m['role']}\x1f{m['content']}" for m in prompt)
-    return hashlib.blake2b(re.sub(r"\s+", " ", text).strip().encode(), digest_size=16).digest()
 
 
 def previous_call_id(engine: Engine) -> int | None:
@@ -224,73 +133,137 @@ def _replace(work: Path, out: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def _ranges(workers: int) -> list[tuple[str | None, str | None]]:
+    """Trace-id ranges, one per worker, in order (ids are lowercase hex)."""
+    bounds = [None, *(format(i * 0x10000 // workers, "04x") for i in range(1, workers)), None]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def _run_parts(engine: Engine, work: Path, options: PartOptions, workers: int,
+               progress: Callable[[int], None] | None) -> list[PartResult]:
+    ranges = _ranges(workers)
+    if workers == 1:
+        return [mine_part(engine, work, 0, ranges[0], options, progress)]
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited connections or locks
+    counter = context.Value("q", 0)
+    url = engine.url.render_as_string(hide_password=False)
+    pool = context.Pool(workers, initializer=init_worker, initargs=(url, counter))
+    try:
+        pending = [pool.apply_async(run_part, (work, n, r, options)) for n, r in enumerate(ranges)]
+        shown = 0
+        while not all(p.ready() for p in pending):
+            pending[0].wait(0.2)
+            if progress is not None and counter.value > shown:
+                progress(counter.value - shown)
+                shown = counter.value
+        results = [p.get() for p in pending]
+        if progress is not None and counter.value > shown:
+            progress(counter.value - shown)
+        pool.close()
+        return results
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def _merge(work: Path, parts: int) -> tuple[dict[str, Any], int, str]:
+    """The parts' files as one JSON Lines and one Parquet file per split, in part order; of two rows with the same
+    prompt only the first is kept. Lines are copied by the kernel and Parquet a batch at a time, so that the merge
+    costs little next to the mining. Returns the splits' summaries, the duplicates dropped and the content hash (of
+    every kept line's hash, in order)."""
+    seen: set[str] = set()
+    dropped = 0
+    summaries = {}
+    content = hashlib.sha256()
+    for split in SPLITS:
+        rows = 0
+        digest = hashlib.sha256()
+        counts: dict[str, Counter[str]] = {k: Counter() for k in _COUNTED}
+        kept: list[list[bool]] = []
+        for part in range(parts):
+            mask = []
+            for info in part_files(work, part, split)[1].read_bytes().splitlines():
+                key, line_hash, _, *values = orjson.loads(info)
+                keep = key not in seen
+                mask.append(keep)
+                if not keep:
+                    dropped += 1
+                    continue
+                seen.add(key)
+                rows += 1
+                digest.update(line_hash.encode())
+                for name, value in zip(_COUNTED, values, strict=True):
+                    counts[name]["none" if value is None else str(value)] += 1
+            kept.append(mask)
+        _copy_lines(work, split, kept)
+        merge_parquet([part_files(work, p, split)[0].with_suffix(".parquet") for p in range(parts)], kept,
+                      work / f"{split}.parquet")
+        for part in range(parts):
+            lines, meta = part_files(work, part, split)
+            for path in (lines, meta, lines.with_suffix(".parquet")):
+                path.unlink()
+        summaries[split] = {"rows": rows, "sha256": digest.hexdigest(),
+                            **{k: dict(sorted(c.items())) for k, c in counts.items()}}
+        content.update(f"{split}:{summaries[split]['sha256']}\n".encode())
+    return summaries, dropped, content.hexdigest()
+
+
+def _copy_lines(work: Path, split: str, kept: list[list[bool]]) -> None:
+    with open(work / f"{split}.jsonl", "wb") as out:
+        for part, mask in enumerate(kept):
+            lines, meta = part_files(work, part, split)
+            lengths = [orjson.loads(info)[2] for info in meta.read_bytes().splitlines()]
+            with open(lines, "rb") as source:
+                offset = 0
+                for keep, length in zip(mask, lengths, strict=True):
+                    if keep:
+                        _copy_range(source, out, offset, length)
+                    offset += length
+
+
+def _copy_range(source: Any, out: Any, offset: int, length: int) -> None:
+    out.flush()
+    while length > 0:
+        try:
+            done = os.copy_file_range(source.fileno(), out.fileno(), length, offset)
+        except (AttributeError, OSError):  # no copy_file_range here: copy through Python
+            source.seek(offset)
+            out.write(source.read(length))
+            return
+        if done == 0:
+            raise OSError(f"{source.name}: short read at byte {offset}")
+        offset += done
+        length -= done
+
+
+_COUNTED = ("failure_class", "provenance", "model", "harness_version")
+
+
 def _write(engine: Engine, work: Path, where: CallFilter, options: MineOptions, valid_rate: float,
            progress: Callable[[int], None] | None) -> dict[str, Any]:
-    splits = {name: _Split(name, work) for name in SPLITS}
-    for split in splits.values():
-        split.open()
-    tools = _Tools(engine)
-    seen: set[bytes] = set()
+    part_options = PartOptions(where, options.eval_after, options.eval_share, valid_rate, options.seed,
+                               options.prompt, options.batch)
+    results = _run_parts(engine, work, part_options, max(1, options.workers), progress)
     stats: Counter[str] = Counter()
-    last_id: int | None = None
     links: dict[int, int] = {}
-    try:
-        for traces in iter_traces(engine, where, options.batch):
-            calls = [c for trace in traces for c in trace]
-            stats["calls_read"] += len(calls)
-            last_id = max([last_id or 0, *(c.id for c in calls)])
-            indexes = tools.for_calls(calls)
-            chosen: list[tuple[str, StoredCall, tuple[StoredCall, ...] | None]] = []
-            for trace in traces:
-                repairs = find_repairs(trace, indexes)
-                split = "eval" if _in_eval(trace, options) else "train"
-                for call in trace:
-                    if call.toolset_id not in indexes:
-                        stats["no_tools_known"] += 1
-                        continue
-                    repair = repairs.get(call.id)
-                    if repair is not None:
-                        links.update((c.id, call.id) for c in repair.calls)
-                    if call.failed or _unit(options.seed, "valid", str(call.id)) < valid_rate:
-                        chosen.append((split, call, repair.calls if repair is not None else None))
-            contexts = _contexts(engine, [c for _, c, _ in chosen])
-            reviews = _reviews(engine, [c.id for _, c, _ in chosen if c.failed])
-            for split, call, repair in chosen:
-                context = contexts.get((call.trace_id, call.span_id), [])
-                index = indexes[call.toolset_id]  # type: ignore[index]
-                reference = reference_for(call, index, context, reviews.get(call.id), repair)
-                row = build_row(call, index, context, options.prompt, reference)
-                digest = _normalised(row["prompt"])
-                if digest in seen:
-                    stats["duplicates_dropped"] += 1
-                    continue
-                seen.add(digest)
-                splits[split].add(row)
-            if progress is not None:
-                progress(len(calls))
-    finally:
-        for split in splits.values():
-            split.close()
+    for result in results:
+        stats.update(result.stats)
+        links.update(result.links)
+    summaries, dropped, content = _merge(work, len(results))
     _link_repairs(engine, links)
-    summaries = {name: split.summary() for name, split in splits.items()}
-    content = hashlib.sha256("".join(f"{n}:{summaries[n]['sha256']}\n" for n in SPLITS).encode()).hexdigest()
+    ids = [r.last_id for r in results if r.last_id is not None]
     return {
         "format": FORMAT, "name": "", "created_at": datetime.now(UTC).isoformat(), "content_hash": content,
-        "splits": summaries, "counts": _totals(summaries), "last_call_id": last_id,
+        "splits": summaries, "counts": _totals(summaries), "last_call_id": max(ids) if ids else None,
         "split": {"by": "trace", "eval_after": options.eval_after.isoformat() if options.eval_after else None,
                   "eval_share": None if options.eval_after else options.eval_share, "seed": options.seed},
         "valid_share": options.valid_share, "valid_sample_rate": valid_rate, "repairs_linked": len(links),
         "prompt_settings": options.prompt.to_dict(), "calls_read": stats["calls_read"],
-        "duplicates_dropped": stats["duplicates_dropped"], "no_tools_known": stats["no_tools_known"],
+        "duplicates_dropped": dropped, "no_tools_known": stats["no_tools_known"],
         "files": [f"{s}.{ext}" for s in SPLITS for ext in ("jsonl", "parquet")],
     }
-
-
-def _in_eval(trace: list[StoredCall], options: MineOptions) -> bool:
-    if options.eval_after is not None:
-        after = options.eval_after if options.eval_after.tzinfo else options.eval_after.replace(tzinfo=UTC)
-        return min(c.start_time_ns for c in trace) >= after.timestamp() * 1e9
-    return _unit(options.seed, "split", trace[0].trace_id) < options.eval_share
 
 
 def _totals(summaries: Mapping[str, dict[str, Any]]) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import difflib
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -72,10 +73,22 @@ def _words(text: str) -> set[str]:
     return {w for w in _WORDS.findall(re.sub(r"(?<=[a-z])([A-Z])", r" \1", text).lower()) if len(w) > 2}
 
 
+@lru_cache(maxsize=65536)
 def _name_score(name: str, tool: str) -> float:
     full = difflib.SequenceMatcher(None, name_key(name), name_key(tool), autojunk=False).ratio()
     short = difflib.SequenceMatcher(None, name_key(base_name(name)), name_key(base_name(tool)), autojunk=False)
     return max(full, short.ratio())
+
+
+@lru_cache(maxsize=16384)
+def _name_scores(names: tuple[str, ...], tools: tuple[str, ...]) -> dict[str, float]:
+    """Each tool's best name score against the names an output gives (outputs repeat names: computed once)."""
+    return {tool: max((_name_score(n, tool) for n in names), default=0.0) for tool in tools}
+
+
+@lru_cache(maxsize=8192)
+def _tool_words(name: str, description: str) -> frozenset[str]:
+    return frozenset(_words(f"{name} {description}"))
 
 
 def nearest_tools(raw: str, index: Mapping[str, Tool], request: str = "", k: int = 4) -> list[Tool]:
@@ -91,11 +104,12 @@ def nearest_tools(raw: str, index: Mapping[str, Tool], request: str = "", k: int
             chosen[hit] = index[hit]
     words = _words(f"{raw} {request}")
     scored = []
+    by_names = _name_scores(tuple(names), tuple(index))
     for tool in index.values():
         if tool.name in chosen:
             continue
-        by_name = max((_name_score(n, tool.name) for n in names), default=0.0)
-        about = _words(f"{tool.name} {tool.description}")
+        by_name = by_names[tool.name]
+        about = _tool_words(tool.name, tool.description)
         by_words = len(words & about) / len(about) if about else 0.0
         scored.append((by_name + 0.5 * by_words, tool.name))
     for _, name in sorted(scored, key=lambda s: (-s[0], s[1]))[: max(0, k - len(chosen))]:

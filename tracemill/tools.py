@@ -7,6 +7,7 @@ import hashlib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from importlib import resources
 from typing import Any
 
@@ -96,6 +97,7 @@ _SEPARATORS = re.compile(r"[\s_\-.:/]+")
 _PREFIX = re.compile(r"[:./]|__")
 
 
+@lru_cache(maxsize=65536)
 def name_key(name: str) -> str:
     """A name with case and separators (`_ - . : /`, spaces) folded away: `Get-Weather` and `get_weather` match."""
     return _SEPARATORS.sub("", name).casefold()

@@ -59,9 +59,9 @@ def make_engine(url: str, writer: bool = False) -> Engine:
         raise StoreURLError(f"database URL {url!r} is not a valid SQLAlchemy URL: {exc}") from exc
     if parsed.get_backend_name() == "sqlite":
         engine = create_engine(parsed, connect_args={"check_same_thread": False, "timeout": 60},
-                               json_serializer=json_text)
+                               json_serializer=json_text, json_deserializer=orjson.loads)
         event.listen(engine, "connect", _sqlite_pragmas)
         if writer:
             event.listen(engine, "connect", _sqlite_writer_pragmas)
         return engine
-    return create_engine(parsed, pool_pre_ping=True, json_serializer=json_text)
+    return create_engine(parsed, pool_pre_ping=True, json_serializer=json_text, json_deserializer=orjson.loads)

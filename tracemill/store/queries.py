@@ -38,6 +38,8 @@ class CallFilter:
     trace_id: str | None = None
     failed: bool | None = None  # True: a verifier stage failed or the execution failed; False: neither
     stage: str | None = None  # a verifier stage (parse, tool_name, schema), `execution` (ran and failed) or `ok`
+    trace_from: str | None = None  # trace ids at or after this one (a share of the traces, for parallel readers)
+    trace_below: str | None = None  # trace ids before this one
 
     def conditions(self) -> list[ColumnElement[bool]]:
         found: list[ColumnElement[bool]] = []
@@ -45,7 +47,9 @@ class CallFilter:
                                  (self.after_id, lambda v: C.id > v), (self.model, lambda v: C.model == v),
                                  (self.harness_version, lambda v: C.harness_version == v),
                                  (self.domain, lambda v: C.domain == v), (self.tool, lambda v: C.name == v),
-                                 (self.trace_id, lambda v: C.trace_id == v)):
+                                 (self.trace_id, lambda v: C.trace_id == v),
+                                 (self.trace_from, lambda v: C.trace_id >= v),
+                                 (self.trace_below, lambda v: C.trace_id < v)):
             if value is not None:
                 found.append(condition(value))
         if self.failed is not None:

@@ -1,0 +1,226 @@
+"""Mining speed: `tracemill mine` over a store of a million tool calls, on SQLite and PostgreSQL, timed as a user runs
+it (a subprocess), with its peak resident memory. Target: under a minute, under 1 GB.
+
+The store: a base corpus sent by `tracemill simulate` through a real collector (the three weak-model profiles over
+MCP-Bench and BFCL, with their faults, retries and failed executions), then copied trace by trace until it holds
+`--calls` tool calls. Each copy gets new trace ids, its own user request (so that no copied prompt is a duplicate of
+another), and a start time spread over thirty days; its spans, calls, executions and conversations are inserted as
+rows, as the collector would have stored them. A store already at the size is reused.
+
+Run by hand, never in CI (see bench/README.md, "Mine"), under the bench lock:
+
+    flock /tmp/tracemill-bench.lock .venv/bin/python bench/mine.py --db sqlite:///bench/out/mine.db \\
+        --db postgresql+psycopg://postgres@127.0.0.1:5432/tracemill_bench_mine --out bench/out/mine.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+from sqlalchemy import Engine, func, select, text
+from sqlalchemy.engine import make_url
+
+from tracemill.net import free_port
+from tracemill.simulate import simulate
+from tracemill.store.bulk import BulkInsert
+from tracemill.store.engine import make_engine
+from tracemill.store.migrate import upgrade
+from tracemill.store.payloads import PAYLOAD_MIN_CHARS, is_reference, reference
+from tracemill.store.tables import PayloadRow, SpanRow, ToolCallRow, ToolExecutionRow, utcnow
+
+PROFILES = ("llama3.1-8b", "gemma3-27b", "qwen3")
+DAY_NS = 86_400 * 1_000_000_000
+START_NS = 1_780_000_000_000_000_000
+
+
+def _create_database(url: str) -> None:
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "postgresql":
+        return
+    admin = make_engine(parsed.set(database="postgres").render_as_string(hide_password=False))
+    with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        if conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": parsed.database}).first() is None:
+            conn.execute(text(f'CREATE DATABASE "{parsed.database}"'))
+    admin.dispose()
+
+
+def _count(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(ToolCallRow)).scalar_one())
+
+
+def _base_corpus(url: str, episodes: int) -> None:
+    port = free_port()
+    collector = subprocess.Popen([sys.executable, "-m", "tracemill.cli", "collector", "--port", str(port), "--db",
+                                  url, "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        for n, profile in enumerate(PROFILES):
+            simulate(f"http://127.0.0.1:{port}", traces=episodes, seed=n, profile=profile, start_ns=START_NS,
+                     harness_version=f"sim-{1 + n % 2}")
+    finally:
+        collector.terminate()
+        collector.wait(30)
+
+
+def _salted(value: Any, copy: int, payloads: dict[str, str], new_payloads: dict[str, dict[str, Any]]) -> Any:
+    """A conversation with the copy's number in its first user request."""
+    body = payloads[value["$payload"]] if is_reference(value) else value
+    if not isinstance(body, str):
+        return value
+    messages = orjson.loads(body)
+    for message in messages:
+        if message.get("role") == "user" and message.get("parts"):
+            message["parts"][0]["content"] = f"{message['parts'][0].get('content', '')} (request {copy})"
+            break
+    salted = orjson.dumps(messages).decode()
+    if len(salted) < PAYLOAD_MIN_CHARS:
+        return salted
+    digest, ref = reference(salted)
+    new_payloads[digest] = {"digest": digest, "body": salted, "chars": len(salted)}
+    return ref
+
+
+def _copy(engine: Engine, target_calls: int) -> None:
+    """Copy the base corpus trace by trace until the store holds `target_calls` calls."""
+    with engine.connect() as conn:
+        spans = [dict(r._mapping) for r in conn.execute(select(SpanRow))]
+        calls = [dict(r._mapping) for r in conn.execute(select(ToolCallRow))]
+        executions = [dict(r._mapping) for r in conn.execute(select(ToolExecutionRow))]
+        digests = {v["$payload"] for s in spans for k, v in s["attributes"].items()
+                   if k == "gen_ai.input.messages" and is_reference(v)}
+        payloads = dict(conn.execute(select(PayloadRow.digest, PayloadRow.body)
+                                     .where(PayloadRow.digest.in_(digests))).all())
+    for rows in (spans, calls, executions):
+        for row in rows:
+            row.pop("id", None)
+    inserts = {t: BulkInsert(t.__table__, engine.dialect) for t in (SpanRow, ToolCallRow, ToolExecutionRow, PayloadRow)}
+    base, have, copy = len(calls), _count(engine), 0
+    started = time.perf_counter()
+    while have < target_calls:
+        copy += 1
+        take = min(base, target_calls - have)
+        traces = sorted({c["trace_id"] for c in calls})
+        chosen = set(traces) if take == base else set(_prefix(calls, take))
+        new_id = {t: hashlib.blake2b(f"{t}:{copy}".encode(), digest_size=16).hexdigest() for t in chosen}
+        shift = (copy % 30) * DAY_NS + copy * 1_000_000
+        now = utcnow()
+        new_payloads: dict[str, dict[str, Any]] = {}
+        span_rows = []
+        for s in spans:
+            if s["trace_id"] not in new_id:
+                continue
+            attributes = s["attributes"]
+            if "gen_ai.input.messages" in attributes:
+                attributes = {**attributes, "gen_ai.input.messages": _salted(
+                    attributes["gen_ai.input.messages"], copy, payloads, new_payloads)}
+            span_rows.append({**s, "trace_id": new_id[s["trace_id"]], "attributes": attributes,
+                              "start_time_ns": s["start_time_ns"] + shift, "end_time_ns": s["end_time_ns"] + shift,
+                              "received_at": now})
+        call_rows = [{**c, "trace_id": new_id[c["trace_id"]], "start_time_ns": c["start_time_ns"] + shift,
+                      "repairs_id": None, "created_at": now} for c in calls if c["trace_id"] in new_id]
+        execution_rows = [{**e, "trace_id": new_id[e["trace_id"]]} for e in executions if e["trace_id"] in new_id]
+        with engine.begin() as conn:
+            inserts[PayloadRow].execute(conn, list(new_payloads.values()))
+            inserts[SpanRow].execute(conn, span_rows)
+            inserts[ToolCallRow].execute(conn, call_rows)
+            inserts[ToolExecutionRow].execute(conn, execution_rows)
+        have += len(call_rows)
+        print(f"  copy {copy}: {have} calls ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
+
+
+def _prefix(calls: list[dict[str, Any]], take: int) -> list[str]:
+    """Whole traces, in order, holding about `take` calls."""
+    chosen: list[str] = []
+    taken = 0
+    for c in sorted(calls, key=lambda c: c["trace_id"]):
+        if not chosen or chosen[-1] != c["trace_id"]:
+            if taken >= take:
+                break
+            chosen.append(c["trace_id"])
+        taken += 1
+    return chosen
+
+
+def build(url: str, calls: int, episodes: int) -> dict[str, Any]:
+    _create_database(url)
+    engine = make_engine(url)
+    upgrade(engine)
+    started = time.perf_counter()
+    if _count(engine) == 0:
+        _base_corpus(url, episodes)
+    base = _count(engine)
+    if base < calls:
+        _copy(engine, calls)
+    with engine.connect() as conn:
+        failed = conn.execute(select(func.count()).select_from(ToolCallRow).where(
+            (ToolCallRow.stage.is_not(None)) | (ToolCallRow.execution_status == "error"))).scalar_one()
+        spans = conn.execute(select(func.count()).select_from(SpanRow)).scalar_one()
+    total = _count(engine)
+    engine.dispose()
+    return {"calls": total, "failed_calls": failed, "spans": spans, "base_calls": base,
+            "build_seconds": round(time.perf_counter() - started, 1)}
+
+
+def run_mine(url: str, out: Path) -> dict[str, Any]:
+    shutil.rmtree(out, ignore_errors=True)
+    started = time.perf_counter()
+    with open(out.with_suffix(".stdout"), "w+") as stdout, open(out.with_suffix(".stderr"), "w+") as stderr:
+        child = subprocess.Popen([sys.executable, "-m", "tracemill.cli", "mine", "--db", url, "--out", str(out),
+                                  "--json"], stdout=stdout, stderr=stderr)
+        _, status, usage = os.wait4(child.pid, 0)  # this child's own figures, not every child's so far
+        seconds = time.perf_counter() - started
+        stdout.seek(0)
+        stderr.seek(0)
+        if status != 0:
+            raise SystemExit(stderr.read()[-3000:])
+        card = json.loads(stdout.read())
+    return {"seconds": round(seconds, 1), "peak_rss_mb": round(usage.ru_maxrss / 1024),
+            "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1),
+            "calls_read": card["calls_read"], "rows": card["counts"]["rows"],
+            "train_rows": card["splits"]["train"]["rows"], "eval_rows": card["splits"]["eval"]["rows"],
+            "provenance": card["counts"]["provenance"], "duplicates_dropped": card["duplicates_dropped"],
+            "repairs_linked": card["repairs_linked"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--db", action="append", required=True, help="a store URL (repeat for several)")
+    parser.add_argument("--calls", type=int, default=1_000_000)
+    parser.add_argument("--episodes", type=int, default=3000, help="base corpus: episodes per profile")
+    parser.add_argument("--out", type=Path, help="write the figures here as JSON")
+    args = parser.parse_args()
+    figures: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                                           "platform": platform.platform()}, "stores": {}}
+    for url in args.db:
+        backend = make_url(url).get_backend_name()
+        print(f"{backend}: building {args.calls} calls", file=sys.stderr)
+        store = build(url, args.calls, args.episodes)
+        print(f"{backend}: mining", file=sys.stderr)
+        mined = run_mine(url, Path(f"bench/out/mine-{backend}"))
+        figures["stores"][backend] = {"store": store, "mine": mined}
+        print(json.dumps({backend: figures["stores"][backend]}, indent=2))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(figures, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""One share of a `tracemill mine` run: the traces whose ids fall in a range, read trace by trace, turned into rows
+and written to part files (`part-K-SPLIT.jsonl`, its Parquet, and a `.meta` line per row: its prompt digest, a hash and
+the length of its line, and the values the card counts). `tracemill.miner.export` runs the shares in worker processes and merges their files in
+trace order, so that any number of workers writes the same export."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+from sqlalchemy import Engine, select
+
+from tracemill.miner.conversation import is_conversation, span_messages
+from tracemill.miner.parquet import write_parquet
+from tracemill.miner.repairs import find_repairs
+from tracemill.miner.rows import build_row, reference_for
+from tracemill.reviser_prompt import PromptSettings
+from tracemill.store.payloads import REF_KEY, is_reference
+from tracemill.store.queries import CallFilter, StoredCall, iter_traces, toolsets
+from tracemill.store.tables import PayloadRow, ReviewRow, SpanRow
+from tracemill.tools import Tool, tool_index
+
+SPLITS = ("train", "eval")
+
+
+@dataclass(frozen=True, slots=True)
+class PartOptions:
+    where: CallFilter
+    eval_after: datetime | None
+    eval_share: float
+    valid_rate: float  # of the valid calls, the share sampled
+    seed: int
+    prompt: PromptSettings
+    batch: int
+
+
+@dataclass(slots=True)
+class PartResult:
+    stats: Counter[str] = field(default_factory=Counter)
+    last_id: int | None = None
+    links: dict[int, int] = field(default_factory=dict)  # repair call id -> the failed call it repaired
+
+
+def unit(seed: int, what: str, key: str) -> float:
+    """A number in [0, 1) fixed by the seed and the key: sampling and splitting that re-runs alike."""
+    digest = hashlib.blake2b(f"{seed}:{what}:{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+def prompt_digest(prompt: list[dict[str, str]]) -> str:
+    """The row's normalised content: its prompt with runs of whitespace made one space."""
+    text = "\x1e".join(f"{m['role']}\x1f{' '.join(m['content'].split())}" for m in prompt)
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def part_files(folder: Path, part: int, split: str) -> tuple[Path, Path]:
+    return folder / f"part-{part}-{split}.jsonl", folder / f"part-{part}-{split}.meta"
+
+
+class _Tools:
+    """Tool indexes by toolset id, read once each."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.indexes: dict[int, dict[str, Tool]] = {}
+
+    def for_calls(self, calls: Iterable[StoredCall]) -> dict[int, dict[str, Tool]]:
+        wanted = {c.toolset_id for c in calls if c.toolset_id is not None} - set(self.indexes)
+        if wanted:
+            with self.engine.connect() as conn:
+                for toolset_id, tools in toolsets(conn, wanted).items():
+                    self.indexes[toolset_id] = tool_index(tools)
+        return self.indexes
+
+
+def _contexts(engine: Engine, calls: list[StoredCall]) -> dict[tuple[str, str], list[Any]]:
+    """The conversation of each call's span; of the values stored once, only the conversations are read."""
+    keys = sorted({(c.trace_id, c.span_id) for c in calls})
+    found: dict[tuple[str, str], list[Any]] = {}
+    with engine.connect() as conn:
+        for start in range(0, len(keys), 500):
+            chunk = keys[start:start + 500]
+            wanted = set(chunk)
+            # two IN lists, which both databases answer from the (trace_id, span_id) index; a row-value IN is a scan
+            rows = conn.execute(select(SpanRow.trace_id, SpanRow.span_id, SpanRow.attributes).where(
+                SpanRow.trace_id.in_({t for t, _ in chunk}), SpanRow.span_id.in_({s for _, s in chunk}))).all()
+            spans = {(r.trace_id, r.span_id): {k: v for k, v in (r.attributes or {}).items() if is_conversation(k)}
+                     for r in rows if (r.trace_id, r.span_id) in wanted}
+            digests = {v[REF_KEY] for a in spans.values() for v in a.values() if is_reference(v)}
+            bodies = dict(conn.execute(select(PayloadRow.digest, PayloadRow.body)
+                                       .where(PayloadRow.digest.in_(digests))).all()) if digests else {}
+            for key, attributes in spans.items():
+                found[key] = span_messages({k: bodies.get(v[REF_KEY]) if is_reference(v) else v
+                                            for k, v in attributes.items()})
+    return found
+
+
+def _reviews(engine: Engine, ids: list[int]) -> dict[int, Any]:
+    if not ids:
+        return {}
+    with engine.connect() as conn:
+        rows = conn.execute(select(ReviewRow.call_id, ReviewRow.after).where(
+            ReviewRow.call_id.in_(ids), ReviewRow.decision.in_(("approve", "edit")))).all()
+    return {row.call_id: row.after for row in rows}
+
+
+def _in_eval(trace: list[StoredCall], options: PartOptions) -> bool:
+    if options.eval_after is not None:
+        after = options.eval_after if options.eval_after.tzinfo else options.eval_after.replace(tzinfo=UTC)
+        return min(c.start_time_ns for c in trace) >= after.timestamp() * 1e9
+    return unit(options.seed, "split", trace[0].trace_id) < options.eval_share
+
+
+def mine_part(engine: Engine, folder: Path, part: int, trace_range: tuple[str | None, str | None],
+              options: PartOptions, progress: Callable[[int], None] | None = None) -> PartResult:
+    result = PartResult()
+    where = replace(options.where, trace_from=trace_range[0], trace_below=trace_range[1])
+    tools = _Tools(engine)
+    files = {s: tuple(open(p, "wb") for p in part_files(folder, part, s)) for s in SPLITS}
+    try:
+        for traces in iter_traces(engine, where, options.batch):
+            calls = [c for trace in traces for c in trace]
+            result.stats["calls_read"] += len(calls)
+            result.last_id = max([result.last_id or 0, *(c.id for c in calls)])
+            indexes = tools.for_calls(calls)
+            chosen: list[tuple[str, StoredCall, tuple[StoredCall, ...] | None]] = []
+            for trace in traces:
+                repairs = find_repairs(trace, indexes)
+                split = "eval" if _in_eval(trace, options) else "train"
+                for call in trace:
+                    if call.toolset_id not in indexes:
+                        result.stats["no_tools_known"] += 1
+                        continue
+                    repair = repairs.get(call.id)
+                    if repair is not None:
+                        result.links.update((c.id, call.id) for c in repair.calls)
+                    if call.failed or unit(options.seed, "valid", str(call.id)) < options.valid_rate:
+                        chosen.append((split, call, repair.calls if repair is not None else None))
+            contexts = _contexts(engine, [c for _, c, _ in chosen])
+            reviews = _reviews(engine, [c.id for _, c, _ in chosen if c.failed])
+            for split, call, repair in chosen:
+                context = contexts.get((call.trace_id, call.span_id), [])
+                index = indexes[call.toolset_id]  # type: ignore[index]
+                reference = reference_for(call, index, context, reviews.get(call.id), repair)
+                row = build_row(call, index, context, options.prompt, reference)
+                rows, meta = files[split]
+                line = orjson.dumps(row) + b"\n"
+                rows.write(line)
+                meta.write(orjson.dumps([prompt_digest(row["prompt"]), hashlib.blake2b(line, digest_size=16)
+                                         .hexdigest(), len(line), row["failure_class"], row["provenance"],
+                                         row["model"], row["harness_version"]]) + b"\n")
+            if progress is not None:
+                progress(len(calls))
+    finally:
+        for pair in files.values():
+            for fh in pair:
+                fh.close()
+    for split in SPLITS:
+        lines, _ = part_files(folder, part, split)
+        write_parquet(lines, lines.with_suffix(".parquet"))
+    return result
+
+
+# --- in a worker process --------------------------------------------------------------------------------------------
+
+_engine: Engine | None = None
+_counter: Any = None
+
+
+def init_worker(url: str, counter: Any) -> None:
+    global _engine, _counter
+    from tracemill.store.engine import make_engine
+
+    _engine, _counter = make_engine(url), counter
+
+
+def _count(n: int) -> None:
+    with _counter.get_lock():
+        _counter.value += n
+
+
+def run_part(folder: Path, part: int, trace_range: tuple[str | None, str | None], options: PartOptions) -> PartResult:
+    assert _engine is not None, "init_worker first"
+    return mine_part(_engine, folder, part, trace_range, options, _count)
