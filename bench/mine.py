@@ -180,20 +180,35 @@ def build(url: str, calls: int, episodes: int) -> dict[str, Any]:
 
 
 def run_mine(url: str, out: Path) -> dict[str, Any]:
+    """`tracemill mine` as a user runs it; resident memory is that of its whole process tree (it and its workers),
+    sampled every 0.1 s, CPU that of the tree."""
+    import psutil
+
     shutil.rmtree(out, ignore_errors=True)
     started = time.perf_counter()
     with open(out.with_suffix(".stdout"), "w+") as stdout, open(out.with_suffix(".stderr"), "w+") as stderr:
         child = subprocess.Popen([sys.executable, "-m", "tracemill.cli", "mine", "--db", url, "--out", str(out),
                                   "--json"], stdout=stdout, stderr=stderr)
-        _, status, usage = os.wait4(child.pid, 0)  # this child's own figures, not every child's so far
+        tree, peak, cpu = psutil.Process(child.pid), 0, {}
+        while child.poll() is None:
+            total = 0
+            for proc in [tree, *tree.children(recursive=True)]:
+                try:
+                    total += proc.memory_info().rss
+                    times = proc.cpu_times()
+                    cpu[proc.pid] = times.user + times.system
+                except psutil.Error:
+                    pass
+            peak = max(peak, total)
+            time.sleep(0.1)
         seconds = time.perf_counter() - started
         stdout.seek(0)
         stderr.seek(0)
-        if status != 0:
+        if child.returncode != 0:
             raise SystemExit(stderr.read()[-3000:])
         card = json.loads(stdout.read())
-    return {"seconds": round(seconds, 1), "peak_rss_mb": round(usage.ru_maxrss / 1024),
-            "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1),
+    return {"seconds": round(seconds, 1), "peak_rss_mb": round(peak / 2**20),
+            "cpu_seconds": round(sum(cpu.values()), 1),
             "calls_read": card["calls_read"], "rows": card["counts"]["rows"],
             "train_rows": card["splits"]["train"]["rows"], "eval_rows": card["splits"]["eval"]["rows"],
             "provenance": card["counts"]["provenance"], "duplicates_dropped": card["duplicates_dropped"],

@@ -199,3 +199,48 @@ def mine(db_url: str | None, out: Path, since: str | datetime | None, where: Cal
     click.echo(f"{result.path}: {result.rows['train']} train and {result.rows['eval']} eval rows from "
                f"{card['calls_read']} calls (dataset {result.dataset_id}; references: {provenance or 'none'}; "
                f"{card['duplicates_dropped']} duplicates dropped)")
+
+
+@click.command("mine-agent")
+@database_option
+@click.option("--base-url", required=True, help="The model's OpenAI-compatible endpoint (vLLM, Ollama, a hosted "
+              "API), e.g. http://127.0.0.1:8000/v1. Its key: TRACEMILL_MINER_API_KEY.")
+@click.option("--model", "model_name", required=True, help="The model's name at that endpoint.")
+@click.option("--reader-db", metavar="URL", help="PostgreSQL: a URL that logs in as a read-only role. Default: the "
+              "role tracemill_reader, made (or refreshed) with the --db role.")
+@click.option("--task", default=None, help="What to investigate (default: the general brief).")
+@click.option("--max-steps", type=click.IntRange(min=2), default=40, show_default=True)
+@click.option("--expire-after-days", type=click.IntRange(min=1), default=14, show_default=True,
+              help="Findings not seen again within this many days expire.")
+@click.option("--json", "as_json", is_flag=True, help="Print what the run did as JSON.")
+def mine_agent(db_url: str | None, base_url: str, model_name: str, reader_db: str | None, task: str | None,
+               max_steps: int, expire_after_days: int, as_json: bool) -> None:
+    """An LLM agent that investigates the store through read-only tools (one SELECT at a time, text search, paged
+    traces and spans, the failure clusters) and records findings rules cannot label, consolidated by key."""
+    from datetime import timedelta
+
+    from langchain_openai import ChatOpenAI
+
+    from tracemill.miner.agent import TASK, run_agent
+    from tracemill.miner.findings import open_findings
+    from tracemill.miner.readonly import QueryRefused, open_reader
+    from tracemill.settings import get_settings
+
+    engine = open_store(db_url)
+    try:
+        reader = open_reader(engine, reader_db)
+    except QueryRefused as exc:
+        raise click.ClickException(str(exc)) from None
+    model = ChatOpenAI(model=model_name, base_url=base_url, api_key=get_settings().miner_api_key or "EMPTY",
+                       temperature=0)
+    run = run_agent(model, reader, engine, task=task or TASK, max_steps=max_steps,
+                    expire_after=timedelta(days=expire_after_days))
+    if as_json:
+        click.echo(json.dumps({"recorded": run.recorded, "merged": run.merged, "refused": run.refused,
+                               "expired": run.expired, "steps": run.steps, "answer": run.answer,
+                               "open_findings": open_findings(engine)}, indent=2, default=str))
+        return
+    click.echo(f"{run.steps} steps; findings recorded: {len(run.recorded)}, merged: {len(run.merged)}, "
+               f"expired: {run.expired}; tool requests refused: {len(run.refused)}")
+    for finding in open_findings(engine):
+        click.echo(f"  [{finding['seen']}x] {finding['key']}: {finding['hypothesis']}")

@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "failures": ("tracemill.miner.cli", "failures", "Failure modes: failed calls clustered by tool, stage and violation."),
     "keys": ("tracemill.collector.cli", "keys", "Manage collector API keys."),
     "mine": ("tracemill.miner.cli", "mine", "Export failed and repaired tool calls as RL prompts."),
+    "mine-agent": ("tracemill.miner.cli", "mine_agent", "An LLM agent that finds what rules miss, read-only."),
     "simulate": ("tracemill.simulate.cli", "simulate", "Send a realistic agent workload to a collector."),
     "stats": ("tracemill.stats", "stats", "MCP-Bench's rule-based metrics over the stored tool calls."),
     "ui": ("tracemill.ui.cli", "ui", "Run the UI: traces, failure modes, review queue, datasets, models."),

@@ -47,6 +47,7 @@ class Settings(BaseSettings):
     max_inflight_bytes: int = Field(default=16 * 1024 * 1024,
                                     description="request bodies being read at once before 503")
     retry_after_seconds: int = 1
+    miner_api_key: str | None = Field(default=None, description="API key of the endpoint `mine-agent` talks to")
 
     # The UI (`tracemill ui`): where it listens, who may sign in, and what waits for human review.
     ui_host: str = Field(default="127.0.0.1", description="interface `tracemill ui` listens on")
