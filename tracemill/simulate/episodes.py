@@ -1,5 +1,7 @@
 """One simulated agent episode: a user request, model calls written by a weak model (faults from `tracemill.faults`),
-tool executions that fail when the call is wrong, retries, a final answer. Spans go through the SDK's GenAI attribute
+tool executions that fail when the call is wrong (strict servers also refuse parameters their schema does not
+declare), retries, a final answer. What a context fault loses, the user says in a follow-up turn just before the model
+call, so that the output is recoverable from the conversation. Spans go through the SDK's GenAI attribute
 builders; every injected fault and the intended call are recorded under `tracemill.sim.*`."""
 
 from __future__ import annotations
