@@ -54,6 +54,8 @@ def reference_for(call: StoredCall, index: Mapping[str, Tool], context: Sequence
         return Reference(approved, "gold")
     if repair:
         return Reference([{"name": c.name, "arguments": c.arguments} for c in repair], "silver")
+    if call.stage is None:  # valid as sent and failed when it ran: the rules have nothing to fix
+        return None
     revision = revise(call.raw, index, list(context))
     if revision.ok and revision.changed:
         return Reference([c.to_dict() for c in revision.calls], "bronze")
