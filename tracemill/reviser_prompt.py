@@ -86,6 +86,17 @@ def _name_scores(names: tuple[str, ...], tools: tuple[str, ...]) -> dict[str, fl
     return {tool: max((_name_score(n, tool) for n in names), default=0.0) for tool in tools}
 
 
+@lru_cache(maxsize=16384)
+def _near_miss(name: str, offered: tuple[str, ...]) -> str | None:
+    """`match_tool` over the offered names (it reads names only), once per name and tool list."""
+    return (match_tool(name, dict.fromkeys(offered)) or (None, ""))[0]  # type: ignore[arg-type]
+
+
+@lru_cache(maxsize=4096)
+def _request_words(request: str) -> frozenset[str]:
+    return frozenset(_words(request))  # a conversation's request comes back with each of its calls
+
+
 @lru_cache(maxsize=8192)
 def _tool_words(name: str, description: str) -> frozenset[str]:
     return frozenset(_words(f"{name} {description}"))
@@ -98,13 +109,14 @@ def nearest_tools(raw: str, index: Mapping[str, Tool], request: str = "", k: int
     if not names:
         names = [w for w in _IDENTIFIERS.findall(raw) if len(w) > 3][:20]
     chosen: dict[str, Tool] = {}
+    offered = tuple(index)
     for name in names:
-        hit = name if name in index else (match_tool(name, index) or (None, ""))[0]
+        hit = name if name in index else _near_miss(name, offered)
         if hit is not None and len(chosen) < k:
             chosen[hit] = index[hit]
-    words = _words(f"{raw} {request}")
+    words = _words(raw) | _request_words(request)
     scored = []
-    by_names = _name_scores(tuple(names), tuple(index))
+    by_names = _name_scores(tuple(names), offered)
     for tool in index.values():
         if tool.name in chosen:
             continue
