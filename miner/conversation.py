@@ -31,7 +31,8 @@ def _messages(value: Any) -> list[Any] | None:
     return [_decoded(m) if isinstance(m, str) else m for m in decoded if isinstance(m, (Mapping, str))]
 
 
-_KEYS = ("gen_ai.input.messages", "gen_ai.prompt", "input.value")
+GENAI_MESSAGES = "gen_ai.input.messages"
+_KEYS = (GENAI_MESSAGES, "gen_ai.prompt", "input.value")
 
 
 def is_conversation(key: str) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 from sqlalchemy import Engine, select
 
-from tracemill.miner.conversation import is_conversation, span_messages
+from tracemill.miner.conversation import GENAI_MESSAGES, is_conversation, span_messages
 from tracemill.miner.parquet import write_parquet
 from tracemill.miner.repairs import find_repairs
 from tracemill.miner.rows import build_row, reference_for
@@ -88,10 +88,18 @@ def _contexts(engine: Engine, calls: list[StoredCall]) -> dict[tuple[str, str], 
             chunk = keys[start:start + 500]
             wanted = set(chunk)
             # two IN lists, which both databases answer from the (trace_id, span_id) index; a row-value IN is a scan
-            rows = conn.execute(select(SpanRow.trace_id, SpanRow.span_id, SpanRow.attributes).where(
-                SpanRow.trace_id.in_({t for t, _ in chunk}), SpanRow.span_id.in_({s for _, s in chunk}))).all()
-            spans = {(r.trace_id, r.span_id): {k: v for k, v in (r.attributes or {}).items() if is_conversation(k)}
-                     for r in rows if (r.trace_id, r.span_id) in wanted}
+            where = (SpanRow.trace_id.in_({t for t, _ in chunk}), SpanRow.span_id.in_({s for _, s in chunk}))
+            # only the GenAI conversation, extracted by the database: decoding whole attributes costs more
+            rows = conn.execute(select(SpanRow.trace_id, SpanRow.span_id,
+                                       SpanRow.attributes[GENAI_MESSAGES].label("messages")).where(*where)).all()
+            spans = {(r.trace_id, r.span_id): {GENAI_MESSAGES: r.messages} for r in rows
+                     if (r.trace_id, r.span_id) in wanted and r.messages is not None}
+            others = wanted - set(spans)
+            if others:  # another convention: read the span's attributes
+                rows = conn.execute(select(SpanRow.trace_id, SpanRow.span_id, SpanRow.attributes).where(*where)).all()
+                spans.update({(r.trace_id, r.span_id): {k: v for k, v in (r.attributes or {}).items()
+                                                        if is_conversation(k)}
+                              for r in rows if (r.trace_id, r.span_id) in others})
             digests = {v[REF_KEY] for a in spans.values() for v in a.values() if is_reference(v)}
             bodies = dict(conn.execute(select(PayloadRow.digest, PayloadRow.body)
                                        .where(PayloadRow.digest.in_(digests))).all()) if digests else {}

@@ -92,17 +92,17 @@ MODE_OF_KIND = {"python_tag": "parse · invalid_json", "tool_name_case": "tool_n
 PRECEDENCE = ("python_tag", "tool_name_case", "missing_required", "number_as_string")  # the verifier's stage order
 
 
-def test_failures_rank_the_injected_modes_in_the_order_of_their_rates(start_collector, sqlite_url: str,
+def test_failures_rank_the_injected_modes_in_the_order_of_their_rates(start_collector, db_url: str,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(PROFILES, "ranked", RANKED)
-    collector = start_collector(sqlite_url)
+    collector = start_collector(db_url)
     simulate(collector.url, traces=400, seed=2, profile="ranked", start_ns=START_NS, tool_error_rate=0.01)
     injected: Counter[str] = Counter()
-    for output in simulated_outputs(sqlite_url).values():
+    for output in simulated_outputs(db_url).values():
         first = next((k for k in PRECEDENCE if k in output.faults), None)
         if first is not None:
             injected[MODE_OF_KIND[first]] += 1
-    engine = make_engine(sqlite_url)
+    engine = make_engine(db_url)
     found = {m.label: m.count for m in failure_modes(engine, by=("stage", "kind"))}
     engine.dispose()
     expected_order = [mode for mode, _ in injected.most_common()]
