@@ -103,8 +103,8 @@ def _print_comparison(rows: list[Any], versions: tuple[str, str], as_json: bool,
         click.echo(json.dumps({"a": a, "b": b, "modes": [r.to_dict() for r in rows]}, indent=2))
         return
     heads = ["mode", f"{a} rate", f"{b} rate", "p-value", "change"]
-    body = [[r.label, f"{percent(r.rate_a)} ({r.count_a}/{r.calls_a})", f"{percent(r.rate_b)} ({r.count_b}/{r.calls_b})",
-             f"{r.p_value:.2g}", r.change] for r in rows]
+    body = [[r.label, f"{percent(r.rate_a)} ({r.count_a}/{r.calls_a})",
+             f"{percent(r.rate_b)} ({r.count_b}/{r.calls_b})", f"{r.p_value:.2g}", r.change] for r in rows]
     _print_table(f"harness {a} against {b}", heads, body, markdown)
 
 

@@ -16,6 +16,7 @@ import os
 import shutil
 import tempfile
 from collections import Counter
+from contextlib import nullcontext
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -29,6 +30,7 @@ from tracemill.miner.parquet import merge_parquet
 from tracemill.miner.part import SPLITS, PartOptions, PartResult, init_worker, mine_part, part_files, run_part
 from tracemill.reviser_prompt import PromptSettings
 from tracemill.store.queries import CallFilter, count_calls
+from tracemill.store.sqlite_writer import WriteLock, database_path
 from tracemill.store.tables import DatasetRow, ToolCallRow, utcnow
 
 FORMAT = "tracemill.rl-prompts/1"
@@ -268,7 +270,7 @@ def _write(engine: Engine, work: Path, where: CallFilter, options: MineOptions, 
 
 def _totals(summaries: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
     totals: dict[str, Any] = {"rows": sum(s["rows"] for s in summaries.values())}
-    for key in ("failure_class", "provenance", "model", "harness_version"):
+    for key in _COUNTED:
         merged: Counter[str] = Counter()
         for s in summaries.values():
             merged.update(s[key])
@@ -277,10 +279,7 @@ def _totals(summaries: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def _writing(engine: Engine) -> Any:
-    from contextlib import nullcontext
-
-    from tracemill.store.sqlite_writer import WriteLock, database_path
-
+    """The store's write lock, taken in turn with the collector's writers (SQLite)."""
     path = database_path(engine.url.render_as_string(hide_password=False))
     return WriteLock(path).held() if path is not None else nullcontext()
 
@@ -289,7 +288,8 @@ def _link_repairs(engine: Engine, links: dict[int, int]) -> None:
     """`tool_calls.repairs_id` of each repair found: the (latest) failed call it repaired."""
     if not links:
         return
-    statement = (update(ToolCallRow).where(and_(ToolCallRow.id == bindparam("r"), ToolCallRow.repairs_id.is_(None)))
+    calls = ToolCallRow.__table__
+    statement = (update(calls).where(and_(calls.c.id == bindparam("r"), calls.c.repairs_id.is_(None)))
                  .values(repairs_id=bindparam("f")))
     items = sorted(links.items())
     with _writing(engine):

@@ -1,7 +1,7 @@
 """One share of a `tracemill mine` run: the traces whose ids fall in a range, read trace by trace, turned into rows
-and written to part files (`part-K-SPLIT.jsonl`, its Parquet, and a `.meta` line per row: its prompt digest, a hash and
-the length of its line, and the values the card counts). `tracemill.miner.export` runs the shares in worker processes and merges their files in
-trace order, so that any number of workers writes the same export."""
+and written to part files (`part-K-SPLIT.jsonl`, its Parquet, and a `.meta` line per row: its prompt digest, a hash
+and the length of its line, and the values the card counts). `tracemill.miner.export` runs the shares in worker
+processes and merges their files in trace order, so that any number of workers writes the same export."""
 
 from __future__ import annotations
 
