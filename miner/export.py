@@ -6,7 +6,8 @@ beside the call it repaired and memory stays flat however large the store. Every
 the store and the options: rows come in trace order, valid calls are sampled by a hash of their id, traces go to eval
 by a hash of their id (or, with `eval_after`, by when they began), and of two rows with the same prompt only the first
 is kept. The export is written to a hidden folder beside `out` and renamed into place at the end: a run stopped
-half-way leaves no export, and an earlier export at `out` stays whole until the new one replaces it.
+half-way leaves no export, and an earlier export at `out` stays whole until the new one replaces it (a run killed
+outright leaves its hidden folder, which the next run to the same `out` removes).
 """
 
 from __future__ import annotations
@@ -110,6 +111,8 @@ def mine(engine: Engine, out: Path, options: MineOptions = MineOptions(),
         where = replace(where, after_id=max(since_id, where.after_id or 0))
     valid_rate = _valid_rate(engine, where, options.valid_share)
     out.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out.parent.glob(f".{out.name}.partial-*"):  # left by a run that was killed (SIGKILL, power)
+        shutil.rmtree(stale, ignore_errors=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
         card = _write(engine, work, where, options, valid_rate, progress)

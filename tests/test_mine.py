@@ -209,7 +209,9 @@ def test_an_interrupted_run_leaves_no_export_and_keeps_the_previous_one(start_co
     with pytest.raises(KeyboardInterrupt):
         mine(engine, out, MineOptions(batch=50), progress=interrupt)
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".ds")]
+    (tmp_path / ".ds.partial-killed").mkdir()  # what a run killed outright leaves: the next run clears it
     done = mine(engine, out, MineOptions())
+    assert not (tmp_path / ".ds.partial-killed").exists()
     before = (out / "train.jsonl").read_bytes()
     with pytest.raises(KeyboardInterrupt):
         mine(engine, out, MineOptions(batch=50, seed=1), progress=interrupt)
