@@ -25,4 +25,4 @@ test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/pytest
 
 clean:
-	rm -rf $(VENV) tracemill-demo.db tracemill-demo.db-wal tracemill-demo.db-shm tracemill-demo.db-tracemill-write.lock
+	rm -rf $(VENV) tracemill-demo.db tracemill-demo.db-wal tracemill-demo.db-shm tracemill-demo.db-tracemill-write.lock tracemill-demo-dataset

@@ -119,7 +119,7 @@ def _print_table(title: str, heads: list[str], body: list[list[str]], markdown: 
 
     table = Table(title=title)
     for i, head in enumerate(heads):
-        table.add_column(head, justify="left" if i == 0 else "right", overflow="fold")
+        table.add_column(head, justify="left" if i == 0 else "right", no_wrap=i == 0, overflow="fold")
     for row in body:
         table.add_row(*row)
     Console().print(table)

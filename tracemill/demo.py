@@ -41,7 +41,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0
 @click.option("--port", type=int, default=None, help="Port for the demo's collector (default: a free one).")
 @click.option("--traces", type=click.IntRange(1), default=300, show_default=True, help="Episodes per model profile.")
 def demo(db_path: Path, port: int | None, traces: int) -> None:
-    """Run the loop so far on SQLite and the CPU: collect, verify, measure."""
+    """Run the loop so far on SQLite and the CPU: collect, verify, mine, measure."""
     from rich.console import Console
 
     console = Console()
@@ -69,6 +69,10 @@ def demo(db_path: Path, port: int | None, traces: int) -> None:
     console.rule("3. what the verifier found in the store (MCP-Bench's rule-based metrics)")
     _tracemill("stats", "--db", db_url, "--by", "model")
     _tracemill("stats", "--db", db_url, "--by", "domain")
-    console.rule("4. the deterministic reviser on BFCL with a weak model's faults")
+    console.rule("4. failure modes, and the failed calls mined as RL prompts")
+    _tracemill("failures", "--db", db_url, "--by", "stage,kind", "--limit", "8")
+    dataset = db_path.with_name(db_path.stem + "-dataset")
+    _tracemill("mine", "--db", db_url, "--out", str(dataset))
+    console.rule("5. the deterministic reviser on BFCL with a weak model's faults")
     _tracemill("eval", "--cases", "bfcl", "--reviser", "none,json-repair,rules")
-    console.print(f"\nThe store is {db_path}: try `tracemill stats --db {db_url} --by tool`.")
+    console.print(f"\nThe store is {db_path}, the RL prompts {dataset}: try `tracemill failures --db {db_url}`.")
