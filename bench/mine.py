@@ -169,6 +169,9 @@ def build(url: str, calls: int, episodes: int) -> dict[str, Any]:
     base = _count(engine)
     if base < calls:
         _copy(engine, calls)
+    if engine.dialect.name == "postgresql":  # statistics, as autovacuum keeps them for a store filled over time
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text("ANALYZE"))
     with engine.connect() as conn:
         failed = conn.execute(select(func.count()).select_from(ToolCallRow).where(
             (ToolCallRow.stage.is_not(None)) | (ToolCallRow.execution_status == "error"))).scalar_one()
