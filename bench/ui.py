@@ -24,13 +24,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from support import CollectorProcess  # noqa: E402
 from tracemill.settings import Settings  # noqa: E402
 from tracemill.simulate import simulate  # noqa: E402
-from tracemill.store import learning, queries  # noqa: E402
+from tracemill.store import learning, queries, traces  # noqa: E402
 from tracemill.store.engine import make_engine  # noqa: E402
 from tracemill.store.migrate import upgrade  # noqa: E402
 from tracemill.ui import decide, queue  # noqa: E402
+
+from support import CollectorProcess  # noqa: E402
 
 _SPAN_COLUMNS = ("trace_id, span_id, parent_span_id, name, kind, start_time_ns, end_time_ns, status_code, "
                  "status_message, service_name, scope_name, attributes, resource, events, links, received_at")
@@ -98,7 +99,7 @@ def main() -> None:
         trace = conn.exec_driver_sql("select trace_id from tool_calls where domain = 'medical' "
                                      "order by id desc limit 1").scalar()
     item = queue.waiting(engine, "bench")[0].call_id
-    f = queries.TraceFilter
+    f = traces.TraceFilter
 
     def page(reads: Callable[[Any], Any]) -> Callable[[], Any]:
         def run() -> Any:
@@ -107,17 +108,17 @@ def main() -> None:
         return run
 
     checks: dict[str, Callable[[], Any]] = {
-        "traces: filter values (cached 5 min)": page(queries.facets),
-        "traces: newest 50": page(lambda c: queries.traces(c)),
-        "traces: service": page(lambda c: queries.traces(c, f(service="tracemill-simulate"))),
-        "traces: service no trace has": page(lambda c: queries.traces(c, f(service="nobody"))),
-        "traces: domain medical": page(lambda c: queries.traces(c, f(queries.CallFilter(domain="medical")))),
-        "traces: stage schema + model": page(lambda c: queries.traces(
+        "traces: filter values (cached 5 min)": page(traces.facets),
+        "traces: newest 50": page(lambda c: traces.traces(c)),
+        "traces: service": page(lambda c: traces.traces(c, f(service="tracemill-simulate"))),
+        "traces: service no trace has": page(lambda c: traces.traces(c, f(service="nobody"))),
+        "traces: domain medical": page(lambda c: traces.traces(c, f(queries.CallFilter(domain="medical")))),
+        "traces: stage schema + model": page(lambda c: traces.traces(
             c, f(queries.CallFilter(stage="schema", model="qwen3")))),
-        "traces: a rare tool": page(lambda c: queries.traces(
+        "traces: a rare tool": page(lambda c: traces.traces(
             c, f(queries.CallFilter(tool="Medical Calculator:homa_ir")))),
-        "traces: free text no call has": page(lambda c: queries.traces(c, f(text="zz-no-such-words"))),
-        "traces: page 2 (older)": page(lambda c: queries.traces(c, before=queries.traces(c).before)),
+        "traces: free text no call has": page(lambda c: traces.traces(c, f(text="zz-no-such-words"))),
+        "traces: page 2 (older)": page(lambda c: traces.traces(c, before=traces.traces(c).before)),
         "trace: spans, calls, toolsets": page(lambda c: (queries.trace_spans(c, trace, resolved=False),
                                                          queries.toolsets(c, [x.toolset_id for x in queries.trace_calls(
                                                              c, [trace])[trace] if x.toolset_id]))),

@@ -7,7 +7,7 @@ from dataclasses import asdict
 
 import streamlit as st
 
-from tracemill.store import queries
+from tracemill.store import queries, traces
 from tracemill.ui.shell import Context, context
 
 
@@ -15,7 +15,7 @@ from tracemill.ui.shell import Context, context
 def _counts(store_key: str, _ctx: Context) -> tuple[list[queries.FailureCount], dict[str, int], dict[str, int]]:
     with _ctx.engine.connect() as conn:
         found = queries.failure_counts(conn)
-        facets = queries.facets(conn)
+        facets = traces.facets(conn)
     return found, facets.models, facets.harness_versions
 
 

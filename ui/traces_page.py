@@ -6,9 +6,10 @@ from datetime import timedelta
 
 import streamlit as st
 
-from tracemill.store import queries
-from tracemill.store.queries import CallFilter, TraceFilter
+from tracemill.store import queries, traces
+from tracemill.store.queries import CallFilter
 from tracemill.store.tables import utcnow
+from tracemill.store.traces import TraceFilter
 from tracemill.ui.shell import Context, context
 from tracemill.ui.trace_view import show_trace
 
@@ -19,9 +20,9 @@ PAGE = 50
 
 
 @st.cache_data(ttl=300, show_spinner=False)
-def _facets(store_key: str, _ctx: Context) -> queries.Facets:
+def _facets(store_key: str, _ctx: Context) -> traces.Facets:
     with _ctx.engine.connect() as conn:
-        return queries.facets(conn)
+        return traces.facets(conn)
 
 
 def _choice(label: str, values: list[str], key: str) -> str | None:
@@ -55,13 +56,13 @@ def _filters(ctx: Context) -> TraceFilter:
                        service=service, since=since, text=text.strip() or None)
 
 
-def _listing(ctx: Context, f: TraceFilter) -> list[queries.TraceSummary]:
+def _listing(ctx: Context, f: TraceFilter) -> list[traces.TraceSummary]:
     key = repr(f)
     if st.session_state.get("list_key") != key:
         st.session_state.list_key, st.session_state.list_pages = key, [None]
     pages: list[int | None] = st.session_state.list_pages
     with ctx.engine.connect() as conn:
-        page = queries.traces(conn, f, before=pages[-1], limit=PAGE)
+        page = traces.traces(conn, f, before=pages[-1], limit=PAGE)
     if page.searched_to is not None:
         st.caption(f"Searched back to {page.searched_to:%Y-%m-%d %H:%M:%S} UTC: older traces may match too.")
     rows = [{"received (UTC)": t.received_at.strftime("%Y-%m-%d %H:%M:%S"), "trace": t.trace_id[:12],
