@@ -15,6 +15,7 @@ from sqlalchemy import select
 
 from tracemill.faults import KINDS, PROFILES
 from tracemill.simulate import simulate
+from tracemill.simulate.harness import factors
 from tracemill.simulate.scenarios import mcp_bench_scenarios
 from tracemill.store.engine import make_engine
 from tracemill.store.payloads import resolve
@@ -125,3 +126,22 @@ def test_simulate_over_your_own_tools(start_collector, sqlite_url: str, tmp_path
     assert mine.calls > 0 and theirs.calls > 0
     names = {t["name"] for text in offered for t in json.loads(text)}
     assert "get_weather" in names and len(names) > 1
+
+
+def test_a_harness_change_makes_its_faults_rarer_and_later_versions_plateau(start_collector, sqlite_url: str) -> None:
+    collector = start_collector(sqlite_url)
+    summaries = {version: simulate(collector.url, traces=400, seed=5, profile="llama3.1-8b", start_ns=START_NS,
+                                   harness_version=version)
+                 for version in ("prompt-v1", "prompt-v3", "prompt-v5")}
+
+    def share(version: str, kinds: tuple[str, ...]) -> float:
+        return sum(summaries[version].faults[k] for k in kinds) / summaries[version].outputs
+
+    names, text = ("tool_name_case", "tool_name_separator", "tool_name_prefix"), ("prose", "fence")
+    assert share("prompt-v3", names) < share("prompt-v1", names) / 2  # prompt-v2's change is kept by prompt-v3
+    assert share("prompt-v3", text) < share("prompt-v1", text) / 2
+    kept = ("missing_required", "truncated", "omitted_value", "swapped_args")  # no harness change is about these
+    n = summaries["prompt-v1"].outputs
+    assert abs(share("prompt-v5", kept) - share("prompt-v1", kept)) < 4 * math.sqrt(share("prompt-v1", kept) / n)
+    assert factors("prompt-v6") == factors("prompt-v4") == factors("prompt-v5")  # the plateau
+    assert factors("my-own-harness") == factors("prompt-v1") == {}

@@ -20,6 +20,7 @@ from tracemill.faults import PROFILES
 from tracemill.sdk.genai import HARNESS_VERSION
 from tracemill.simulate.delivery import Delivery, DeliveryError
 from tracemill.simulate.episodes import Episode, SeededIds, Settings, Summary
+from tracemill.simulate.harness import under_harness
 from tracemill.simulate.scenarios import Scenario, bfcl_scenarios, file_scenarios, legal_scenarios, mcp_bench_scenarios
 from tracemill.tools import tool_index
 
@@ -55,7 +56,7 @@ def simulate(
     sources = [(share, scenarios) for share, scenarios in chosen if scenarios]
     if not sources:
         raise ValueError("no scenarios to simulate")
-    settings = Settings(PROFILES[profile], tool_error_rate=tool_error_rate)
+    settings = Settings(under_harness(PROFILES[profile], harness_version), tool_error_rate=tool_error_rate)
     indexes = {id(s): tool_index(s.tools) for _, scenarios in sources for s in scenarios}
     ids = SeededIds()
     delivery = Delivery(endpoint, api_key=api_key)

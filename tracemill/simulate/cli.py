@@ -21,7 +21,9 @@ from tracemill.faults import PROFILES
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--model-profile", "profile", default="llama3.1-8b", show_default=True,
               type=click.Choice(sorted(PROFILES)), help="The weak model's fault rates (tracemill.faults.PROFILES).")
-@click.option("--harness-version", default="sim-1", show_default=True)
+@click.option("--harness-version", default="sim-1", show_default=True,
+              help="The agent's harness version: prompt-v1 ... prompt-v6 change what the model gets wrong, as "
+                   "tracemill.simulate.harness documents; any other name is simulated as prompt-v1.")
 @click.option("--tool-error-rate", default=0.05, show_default=True, type=click.FloatRange(0, 1),
               help="Share of correct calls whose execution fails anyway.")
 @click.option("--api-key", default=None, help="Collector API key (Authorization: Bearer).")
