@@ -4,23 +4,7 @@ from __future__ import annotations
 
 import click
 
-from tracemill.store.cli import database_option, resolve_db
-
-
-def _open_store(db_url: str | None):  # type: ignore[no-untyped-def]
-    """The store's engine, migrated if it is a SQLite file; a PostgreSQL store must be migrated on purpose."""
-    from tracemill.store.engine import is_sqlite, make_engine
-    from tracemill.store.migrate import current_revision, head_revision, upgrade
-
-    url = resolve_db(db_url)
-    engine = make_engine(url)
-    if is_sqlite(url):
-        upgrade(engine)
-    elif current_revision(engine) != head_revision():
-        raise click.ClickException(
-            f"the store at {engine.url.render_as_string(hide_password=True)} is at schema revision "
-            f"{current_revision(engine) or 'none'}, not {head_revision()}: run `tracemill db upgrade --db URL` first")
-    return engine
+from tracemill.store.cli import database_option, open_store, resolve_db
 
 
 @click.command()
@@ -43,7 +27,7 @@ def collector(host: str | None, port: int | None, db_url: str | None, workers: i
 
     settings = get_settings()
     url = resolve_db(db_url)
-    _open_store(url).dispose()
+    open_store(url).dispose()
     uvicorn.run(app_from_settings(url, workers), host=host or settings.collector_host,
                 port=port or settings.collector_port, log_level=log_level, access_log=False,
                 timeout_graceful_shutdown=30)
@@ -62,7 +46,7 @@ def create(name: str, db_url: str | None) -> None:
     """Create a key and print it (only this once)."""
     from tracemill.collector.keys import create_key
 
-    row, key = create_key(_open_store(db_url), name)
+    row, key = create_key(open_store(db_url), name)
     click.echo(key)
     click.echo(f"key {row.id} ({name}) created; it is shown only now", err=True)
 
@@ -73,7 +57,7 @@ def list_(db_url: str | None) -> None:
     """List keys (never the keys themselves)."""
     from tracemill.collector.keys import list_keys
 
-    for row in list_keys(_open_store(db_url)):
+    for row in list_keys(open_store(db_url)):
         state = f"revoked {row.revoked_at:%Y-%m-%d %H:%M}" if row.revoked_at else "active"
         click.echo(f"{row.id}\t{row.prefix}…\t{row.name}\t{row.created_at:%Y-%m-%d %H:%M}Z\t{state}")
 
@@ -85,6 +69,6 @@ def revoke(key_id: int, db_url: str | None) -> None:
     """Revoke key KEY_ID (see `keys list`)."""
     from tracemill.collector.keys import revoke_key
 
-    if not revoke_key(_open_store(db_url), key_id):
+    if not revoke_key(open_store(db_url), key_id):
         raise click.ClickException(f"no active key with id {key_id}")
     click.echo(f"key {key_id} revoked")

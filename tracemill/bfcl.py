@@ -124,6 +124,11 @@ def _any_matches(value: Any, accepted: list[Any]) -> bool:
     return any(_value_matches(value, a) for a in accepted if a != "" or value == "")
 
 
+def value_matches(value: Any, accepted: list[Any]) -> bool:
+    """One argument value against BFCL's accepted values for its parameter, after BFCL's normalisation."""
+    return _any_matches(value, accepted)
+
+
 def _call_matches(call: ToolCall, answer: Answer, index: Mapping[str, Tool]) -> bool:
     (name, params), = answer.items()
     if call.name != name or name not in index:

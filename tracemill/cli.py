@@ -17,8 +17,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "keys": ("tracemill.collector.cli", "keys", "Manage collector API keys."),
     "mine": ("tracemill.miner.cli", "mine", "Export failed and repaired tool calls as RL prompts."),
     "mine-agent": ("tracemill.miner.cli", "mine_agent", "An LLM agent that finds what rules miss, read-only."),
+    "models": ("tracemill.trainer.registry", "models", "The trained reviser versions (tracemill models list)."),
     "simulate": ("tracemill.simulate.cli", "simulate", "Send a realistic agent workload to a collector."),
     "stats": ("tracemill.stats", "stats", "MCP-Bench's rule-based metrics over the stored tool calls."),
+    "tiny-model": ("tracemill.trainer.tiny", "tiny_model", "Build a tiny reviser model from a config (tests, demo)."),
+    "train": ("tracemill.trainer.cli", "train_command", "Train a reviser with GRPO on a mined dataset (train extra)."),
     "ui": ("tracemill.ui.cli", "ui", "Run the UI: traces, failure modes, review queue, datasets, models."),
     "users": ("tracemill.ui.cli", "users", "Manage who may sign in to the UI."),
 }

@@ -44,6 +44,7 @@ class PromptSettings:
     budget_tokens: int = 1024  # for the conversation; the tools and the output always go in whole
     descriptions: bool = True  # each tool's description, cut to `description_chars`
     description_chars: int = 300
+    parameter_descriptions: bool = True  # the descriptions inside the input schema
     system: bool = True
 
     def to_dict(self) -> dict[str, Any]:
@@ -201,11 +202,31 @@ def conversation(context: Sequence[Any] | None, budget_tokens: int,
     return [kept[i] for i in sorted(kept)]
 
 
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMAS = ("items", "additionalProperties", "not", "contains")
+
+
+def _without_descriptions(schema: Any) -> Any:
+    """A JSON Schema with the `description` keyword left out of every (sub)schema; property names are kept."""
+    if not isinstance(schema, Mapping):
+        return schema
+    out = {k: v for k, v in schema.items() if not (k == "description" and isinstance(v, str))}
+    for key, value in out.items():
+        if key in ("properties", "patternProperties", "$defs", "definitions") and isinstance(value, Mapping):
+            out[key] = {name: _without_descriptions(sub) for name, sub in value.items()}
+        elif key in _SUBSCHEMA_LISTS and isinstance(value, list):
+            out[key] = [_without_descriptions(sub) for sub in value]
+        elif key in _SUBSCHEMAS:
+            out[key] = _without_descriptions(value)
+    return out
+
+
 def _tool_line(tool: Tool, settings: PromptSettings) -> str:
     shown: dict[str, Any] = {"name": tool.name}
     if settings.descriptions and tool.description:
         shown["description"] = tool.description[: settings.description_chars]
-    shown["parameters"] = dict(tool.input_schema)
+    schema = dict(tool.input_schema)
+    shown["parameters"] = schema if settings.parameter_descriptions else _without_descriptions(schema)
     return orjson.dumps(shown).decode()
 
 

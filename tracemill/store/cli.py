@@ -20,6 +20,22 @@ def resolve_db(db_url: str | None) -> str:
     return db_url or get_settings().database_url
 
 
+def open_store(db_url: str | None):  # type: ignore[no-untyped-def]
+    """The store's engine, migrated if it is a SQLite file; a PostgreSQL store must be migrated on purpose."""
+    from tracemill.store.engine import is_sqlite, make_engine
+    from tracemill.store.migrate import current_revision, head_revision, upgrade
+
+    url = resolve_db(db_url)
+    engine = make_engine(url)
+    if is_sqlite(url):
+        upgrade(engine)
+    elif current_revision(engine) != head_revision():
+        raise click.ClickException(
+            f"the store at {engine.url.render_as_string(hide_password=True)} is at schema revision "
+            f"{current_revision(engine) or 'none'}, not {head_revision()}: run `tracemill db upgrade --db URL` first")
+    return engine
+
+
 class UTCDateTime(click.ParamType):
     """A date or date and time in ISO 8601 (`2026-11-30`, `2026-11-30T08:00`); UTC unless it names its zone."""
 

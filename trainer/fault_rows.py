@@ -1,0 +1,94 @@
+"""RL prompt rows made from the fault library, in the format `tracemill mine` writes (DESIGN.md, "RL prompt rows"):
+the trainer's tests and benchmarks use them where no store of real traffic is at hand, and the tiny model's tokenizer
+learns its text from them.
+
+Each row is one eval-suite case (`tracemill.suites`: BFCL v4 ground truth and MCP-Bench example calls, corrupted by
+`tracemill.faults` under the weak-model profiles) with the reviser prompt built for it by
+`tracemill.reviser_prompt.build_prompt`. The reference is the ground truth the case was corrupted from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from tracemill.reviser_prompt import PromptSettings, build_prompt
+from tracemill.revisers import no_reviser
+from tracemill.suites import Case, bfcl_suite, mcp_bench_suite
+from tracemill.tools import tool_index
+from tracemill.trainer.dataset import CARD, EVAL, TRAIN
+
+
+def fault_cases(seed: int = 0, sources: Sequence[str] = ("bfcl", "mcp-bench"), max_calls: int | None = None,
+                keep: Callable[[Case], bool] | None = None) -> list[Case]:
+    """The built-in suites' cases (BFCL with the user's question as its conversation), `max_calls` reference calls at
+    most, those `keep` accepts."""
+    cases: list[Case] = []
+    if "bfcl" in sources:
+        cases += bfcl_suite(seed)
+    if "mcp-bench" in sources:
+        cases += mcp_bench_suite(seed)
+    return [c for c in cases if (max_calls is None or len(c.reference or ()) <= max_calls) and (keep is None or keep(c))]
+
+
+def _failure_class(case: Case) -> tuple[bool, str, str | None, list[dict[str, Any]]]:
+    revision = no_reviser(case.raw, tool_index(case.tools))
+    if revision.ok:
+        return True, "valid", None, []
+    verdict = next(v for v in revision.verdicts if not v.ok)
+    first = verdict.violations[0]
+    return False, f"{first.stage.value}:{first.kind}", verdict.stage.value if verdict.stage else None, [
+        v.to_dict() for v in verdict.violations]
+
+
+def prompt_row(case: Case, settings: PromptSettings) -> dict[str, Any]:
+    """One RL prompt row for a case."""
+    prompt = build_prompt(case.raw, tool_index(case.tools), case.context, settings)
+    valid, failure_class, stage, violations = _failure_class(case)
+    source, _, model = case.id.rpartition("/")
+    return {
+        "id": case.id, "prompt": prompt.to_list(), "raw": case.raw,
+        "tools": json.dumps([t.to_mcp() for t in prompt.tools]),
+        "context": json.dumps(case.context) if case.context is not None else None,
+        "reference": json.dumps([c.to_dict() for c in case.reference]) if case.reference is not None else None,
+        "provenance": "gold" if case.reference is not None else None,
+        "valid": valid, "failure_class": failure_class, "stage": stage, "violations": json.dumps(violations),
+        "model": model, "harness_version": None, "domain": "mcp-bench" if ":" in source else "bfcl",
+        "trace_id": None, "call_id": None, "created_at": None,
+        "faults": list(case.faults),
+    }
+
+
+def _jsonl(rows: Iterable[dict[str, Any]]) -> bytes:
+    return b"".join(orjson.dumps(r) + b"\n" for r in rows)
+
+
+def write_rows(out: Path, cases: Sequence[Case], settings: PromptSettings, eval_share: float = 0.2, seed: int = 0,
+               eval_only: Callable[[Case], bool] | None = None) -> Path:
+    """`train.jsonl`, `eval.jsonl` and the card `dataset.json` in `out`: a seeded `eval_share` of the cases (and every
+    case `eval_only` names) go to eval."""
+    order = list(cases)
+    random.Random(seed).shuffle(order)
+    cut = int(len(order) * eval_share)
+    held = [c for c in order[:cut]] + [c for c in order[cut:] if eval_only is not None and eval_only(c)]
+    held_ids = {c.id for c in held}
+    train = [prompt_row(c, settings) for c in order if c.id not in held_ids]
+    evaluation = [prompt_row(c, settings) for c in held]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / TRAIN).write_bytes(train_bytes := _jsonl(train))
+    (out / EVAL).write_bytes(eval_bytes := _jsonl(evaluation))
+    counts: dict[str, int] = {}
+    for row in train + evaluation:
+        counts[row["failure_class"]] = counts.get(row["failure_class"], 0) + 1
+    card = {"name": out.name, "source": "fault library (tracemill.trainer.fault_rows)", "seed": seed,
+            "split": {"train": len(train), "eval": len(evaluation)}, "failure_classes": dict(sorted(counts.items())),
+            "prompt_settings": settings.to_dict(),
+            "content_hash": hashlib.sha256(train_bytes + eval_bytes).hexdigest()}
+    (out / CARD).write_bytes(orjson.dumps(card, option=orjson.OPT_INDENT_2))
+    return out

@@ -1,0 +1,189 @@
+"""One training run: check the config and the data (before any model loads), train with TRL's GRPOTrainer, save the
+model folder (`model:PATH`), evaluate it beside `rules`, and register it in `models`.
+
+    OUTPUT/checkpoints/   TRL checkpoints (resume with --resume)
+    OUTPUT/metrics.jsonl  every logged figure, one line per logging step
+    OUTPUT/tensorboard/   the same for TensorBoard
+    OUTPUT/model/         the weights or LoRA adapter, tokenizer and reviser.json: what `model:PATH` loads
+    OUTPUT/eval/SUITE/    `tracemill eval` reports: the dataset's eval split and the built-in suites
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from tracemill.trainer.config import TrainConfig
+from tracemill.trainer.dataset import PromptRows, failure_classes, load_rows
+from tracemill.trainer.launch import launch_command, shell, vllm_server_command
+from tracemill.trainer.rewards import REWARD_FUNCTIONS, TERMS
+
+CHECKPOINTS, METRICS, TENSORBOARD, MODEL, EVAL = "checkpoints", "metrics.jsonl", "tensorboard", "model", "eval"
+
+
+@dataclass(slots=True)
+class Plan:
+    """A run as it will go, resolved: what `--dry-run` prints."""
+
+    config: TrainConfig
+    config_path: Path
+    rows: PromptRows
+    device: str
+
+    @property
+    def out(self) -> Path:
+        return self.config.output.dir
+
+    def reward_names(self) -> list[str]:
+        return [*TERMS, *(["judge"] if self.config.rewards.judge.enabled else [])]
+
+    def reward_weights(self) -> list[float]:
+        weights = [self.config.rewards.weights[t] for t in TERMS]
+        return weights + ([self.config.rewards.judge.weight] if self.config.rewards.judge.enabled else [])
+
+    def grpo_arguments(self) -> dict[str, Any]:
+        c, g, gen = self.config, self.config.grpo, self.config.generation
+        precision = c.launch.mixed_precision if self.device == "cuda" else "no"
+        return {
+            "output_dir": str(self.out / CHECKPOINTS), "use_cpu": self.device == "cpu",
+            "bf16": precision == "bf16", "fp16": precision == "fp16",
+            "per_device_train_batch_size": g.per_device_batch_size,
+            "gradient_accumulation_steps": g.gradient_accumulation_steps, "num_generations": g.num_generations,
+            "max_completion_length": g.max_completion_length, "learning_rate": g.learning_rate,
+            "loss_type": g.loss_type, "beta": g.beta, "temperature": g.temperature, "max_steps": g.max_steps,
+            "num_train_epochs": g.epochs, "seed": g.seed, "scale_rewards": g.scale_rewards,
+            "gradient_checkpointing": g.gradient_checkpointing, "reward_weights": self.reward_weights(),
+            "logging_steps": c.output.logging_steps, "save_strategy": "steps", "save_steps": c.output.save_steps,
+            "save_total_limit": c.output.save_total_limit, "report_to": "none", "remove_unused_columns": False,
+            "use_vllm": gen.use_vllm, "vllm_mode": gen.vllm_mode, "vllm_server_base_url": gen.vllm_server_base_url,
+            "vllm_gpu_memory_utilization": gen.vllm_gpu_memory_utilization,
+            "vllm_tensor_parallel_size": gen.vllm_tensor_parallel_size,
+        }
+
+    def describe(self) -> dict[str, Any]:
+        server = vllm_server_command(self.config)
+        return {
+            "command": shell(launch_command(self.config, self.config_path)),
+            "vllm_server_command": shell(server) if server else None,
+            "device": self.device,
+            "dataset": {"folder": str(self.rows.folder), "train_rows": len(self.rows.train),
+                        "eval_rows": len(self.rows.eval), "content_hash": self.rows.content_hash,
+                        "failure_classes": failure_classes(self.rows.train),
+                        "prompt_settings": self.rows.prompt_settings.to_dict()},
+            "rewards": dict(zip(self.reward_names(), self.reward_weights(), strict=True)),
+            "grpo": self.grpo_arguments(),
+            "config": self.config.model_dump(mode="json"),
+        }
+
+
+def resolve_device(wanted: str) -> str:
+    if wanted != "auto":
+        return wanted
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def make_plan(config: TrainConfig, config_path: Path) -> Plan:
+    """Raises DatasetError for data that cannot be trained on; loads no model."""
+    return Plan(config, config_path, load_rows(config.data.dataset), resolve_device(config.device))
+
+
+@dataclass(slots=True)
+class Outcome:
+    model_dir: Path | None
+    interrupted: bool = False
+    main_process: bool = True
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def _dtype(plan: Plan) -> str:
+    wanted = plan.config.model.dtype
+    if wanted != "auto":
+        return wanted
+    return "bfloat16" if plan.device == "cuda" else "float32"
+
+
+def summarize(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """Training figures for the registry: the run's length, and each logged figure's first and last value and its
+    mean over the last quarter of the logs."""
+    steps = [h for h in history if "reward" in h]
+    summary: dict[str, Any] = {"steps": history[-1].get("step", 0) if history else 0, "logged_steps": len(steps)}
+    end = next((h for h in reversed(history) if "train_runtime" in h), {})
+    summary["train_runtime_s"] = end.get("train_runtime")
+    keys = sorted({k for h in steps for k, v in h.items() if isinstance(v, (int, float)) and k not in ("step",)})
+    tail = steps[-max(1, len(steps) // 4):]
+    for key in keys:
+        values = [h[key] for h in steps if isinstance(h.get(key), (int, float))]
+        last = [h[key] for h in tail if isinstance(h.get(key), (int, float))]
+        if values:
+            summary[key] = {"first": values[0], "last": values[-1], "tail_mean": statistics.fmean(last or values)}
+    return summary
+
+
+def train(plan: Plan, resume: bool = False, echo: Callable[[str], None] = print) -> Outcome:
+    """Train and save the model folder. Checkpoints of another run in the output folder are never overwritten."""
+    from datasets import Dataset
+    from transformers.trainer_callback import ProgressCallback
+    from transformers.trainer_utils import get_last_checkpoint
+    from trl import GRPOConfig, GRPOTrainer
+
+    from tracemill.trainer.callbacks import CompactProgress, MetricsLog, StopOnInterrupt
+    from tracemill.trainer.model_reviser import ReviserCard
+
+    c = plan.config
+    checkpoints = plan.out / CHECKPOINTS
+    last = get_last_checkpoint(str(checkpoints)) if checkpoints.is_dir() else None
+    if resume and last is None:
+        raise RuntimeError(f"{checkpoints}: no checkpoint to resume from")
+    if not resume and last is not None:
+        raise RuntimeError(f"{plan.out} holds checkpoints of an earlier run ({Path(last).name}): use --resume to go "
+                           "on from it, or set another output.dir")
+    plan.out.mkdir(parents=True, exist_ok=True)
+    rewards: list[Any] = [REWARD_FUNCTIONS[t] for t in TERMS]
+    if c.rewards.judge.enabled:
+        from tracemill.trainer.judge import LLMJudge
+
+        rewards.append(LLMJudge(str(c.rewards.judge.url), c.rewards.judge.model, c.rewards.judge.timeout))
+    peft_config = None
+    if c.model.kind == "lora":
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=c.model.lora_r, lora_alpha=c.model.lora_alpha, lora_dropout=c.model.lora_dropout,
+                                 target_modules=c.model.target_modules, task_type="CAUSAL_LM")
+    args = GRPOConfig(**plan.grpo_arguments(), model_init_kwargs={"dtype": _dtype(plan)}, disable_tqdm=False)
+    stop = StopOnInterrupt()
+    callbacks: list[Any] = [MetricsLog(plan.out / METRICS), stop]
+    if c.output.tensorboard:
+        from torch.utils.tensorboard import SummaryWriter
+        from transformers.integrations import TensorBoardCallback
+
+        callbacks.append(TensorBoardCallback(tb_writer=SummaryWriter(str(plan.out / TENSORBOARD))))
+    trainer = GRPOTrainer(model=c.model.base, reward_funcs=rewards, args=args, peft_config=peft_config,
+                          train_dataset=Dataset.from_dict(plan.rows.training_columns(c.data.max_train_rows)),
+                          callbacks=callbacks)
+    trainer.remove_callback(ProgressCallback)
+    trainer.add_callback(CompactProgress())
+    trainer.train(resume_from_checkpoint=last if resume else None)
+    main = trainer.accelerator.is_main_process
+    metrics = summarize(trainer.state.log_history)
+    if stop.interrupted:
+        return Outcome(None, interrupted=True, main_process=main, metrics=metrics)
+    model_dir = plan.out / MODEL
+    trainer.save_model(str(model_dir))
+    if main:
+        trainer.processing_class.save_pretrained(str(model_dir))
+        ReviserCard(c.model.base, c.model.kind, plan.rows.prompt_settings,
+                    c.eval.max_new_tokens or c.grpo.max_completion_length,
+                    {"dataset": str(plan.rows.folder), "dataset_hash": plan.rows.content_hash}).save(model_dir)
+        (plan.out / "run.json").write_bytes(orjson.dumps(plan.describe(), option=orjson.OPT_INDENT_2))
+    del trainer
+    gc.collect()
+    return Outcome(model_dir, main_process=main, metrics=metrics)
+
