@@ -3,6 +3,7 @@ that works except `model.base` and `data.dataset`; unknown keys are errors, so a
 
     [model]       base = "Qwen/Qwen3-4B-Instruct-2507" or a local folder; kind = "lora" | "full"; LoRA settings
     [data]        dataset = the folder `tracemill mine --out` wrote (train.jsonl, eval.jsonl, dataset.json)
+    [warmup]      optional supervised steps on (prompt, answer) pairs first (`tracemill.trainer.warmup`)
     [grpo]        generations per prompt, completion length, learning rate, loss type, KL beta, steps, batch sizes
     [generation]  use_vllm, vllm_mode = "colocate" (one GPU) | "server" (`trl vllm-serve` on other GPUs)
     [rewards]     a weight per term (`tracemill.trainer.rewards`); [rewards.judge] the optional LLM judge
@@ -45,6 +46,12 @@ class ModelSection(_Section):
 class DataSection(_Section):
     dataset: Path
     max_train_rows: int | None = Field(None, ge=1)
+
+
+class WarmupSection(_Section):
+    steps: int = Field(0, ge=0)  # supervised steps on (prompt, answer) pairs before GRPO; 0: none
+    learning_rate: float = Field(2e-5, gt=0)
+    batch_size: int = Field(8, ge=1)
 
 
 class GRPOSection(_Section):
@@ -125,6 +132,7 @@ class LaunchSection(_Section):
 class TrainConfig(_Section):
     model: ModelSection
     data: DataSection
+    warmup: WarmupSection = Field(default_factory=WarmupSection)
     grpo: GRPOSection = Field(default_factory=GRPOSection)
     generation: GenerationSection = Field(default_factory=GenerationSection)
     rewards: RewardsSection = Field(default_factory=RewardsSection)

@@ -77,7 +77,7 @@ def list_command(db_url: str | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([{"id": r.id, "name": r.name, "base_model": r.base_model, "kind": r.kind,
                                 "path": r.path, "dataset_id": r.dataset_id, "dataset_hash": r.dataset_hash,
-                                "created_at": r.created_at.isoformat(), "metrics": r.metrics,
+                                "created_at": r.created_at.isoformat(), "config": r.config, "metrics": r.metrics,
                                 "evaluation": r.evaluation} for r in rows], indent=2))
         return
     if not rows:

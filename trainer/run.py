@@ -1,6 +1,7 @@
 """One training run: check the config and the data (before any model loads), train with TRL's GRPOTrainer, save the
 model folder (`model:PATH`), evaluate it beside `rules`, and register it in `models`.
 
+    OUTPUT/warmup/        the supervised warm-up's model, when [warmup] steps > 0: GRPO starts from it
     OUTPUT/checkpoints/   TRL checkpoints (resume with --resume)
     OUTPUT/metrics.jsonl  every logged figure, one line per logging step
     OUTPUT/tensorboard/   the same for TensorBoard
@@ -25,6 +26,7 @@ from tracemill.trainer.launch import launch_command, shell, vllm_server_command
 from tracemill.trainer.rewards import REWARD_FUNCTIONS, TERMS
 
 CHECKPOINTS, METRICS, TENSORBOARD, MODEL, EVAL = "checkpoints", "metrics.jsonl", "tensorboard", "model", "eval"
+WARMUP, WARMED = "warmup", "warmed-up"  # the warm-up's model folder, and the file that says it is whole
 
 
 @dataclass(slots=True)
@@ -32,13 +34,18 @@ class Plan:
     """A run as it will go, resolved: what `--dry-run` prints."""
 
     config: TrainConfig
-    config_path: Path
+    config_path: Path | None  # None: a config made in code
     rows: PromptRows
     device: str
 
     @property
     def out(self) -> Path:
         return self.config.output.dir
+
+    @property
+    def start_model(self) -> str:
+        """The model GRPO starts from: the warm-up's when there is one, else the base."""
+        return str(self.out / WARMUP) if self.config.warmup.steps else self.config.model.base
 
     def reward_names(self) -> list[str]:
         return [*TERMS, *(["judge"] if self.config.rewards.judge.enabled else [])]
@@ -69,9 +76,10 @@ class Plan:
     def describe(self) -> dict[str, Any]:
         server = vllm_server_command(self.config)
         return {
-            "command": shell(launch_command(self.config, self.config_path)),
+            "command": shell(launch_command(self.config, self.config_path)) if self.config_path else None,
             "vllm_server_command": shell(server) if server else None,
             "device": self.device,
+            "start_model": self.start_model,
             "dataset": {"folder": str(self.rows.folder), "train_rows": len(self.rows.train),
                         "eval_rows": len(self.rows.eval), "content_hash": self.rows.content_hash,
                         "failure_classes": failure_classes(self.rows.train),
@@ -90,7 +98,7 @@ def resolve_device(wanted: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def make_plan(config: TrainConfig, config_path: Path) -> Plan:
+def make_plan(config: TrainConfig, config_path: Path | None = None) -> Plan:
     """Raises DatasetError for data that cannot be trained on; loads no model."""
     return Plan(config, config_path, load_rows(config.data.dataset), resolve_device(config.device))
 
@@ -146,6 +154,14 @@ def train(plan: Plan, resume: bool = False, echo: Callable[[str], None] = print)
         raise RuntimeError(f"{plan.out} holds checkpoints of an earlier run ({Path(last).name}): use --resume to go "
                            "on from it, or set another output.dir")
     plan.out.mkdir(parents=True, exist_ok=True)
+    if c.warmup.steps and not (plan.out / WARMUP / WARMED).is_file():
+        from tracemill.trainer.warmup import warm_up
+
+        echo(f"warm-up: {c.warmup.steps} supervised steps on the train split's (prompt, answer) pairs")
+        warm_up(c.model.base, plan.rows.train[: c.data.max_train_rows], plan.out / WARMUP, c.warmup.steps,
+                c.warmup.learning_rate, c.warmup.batch_size, c.grpo.seed, plan.device, plan.rows.prompt_settings,
+                c.eval.max_new_tokens or c.grpo.max_completion_length)
+        (plan.out / WARMUP / WARMED).write_text(f"{c.warmup.steps} steps from {c.model.base}\n")
     rewards: list[Any] = [REWARD_FUNCTIONS[t] for t in TERMS]
     if c.rewards.judge.enabled:
         from tracemill.trainer.judge import LLMJudge
@@ -165,7 +181,7 @@ def train(plan: Plan, resume: bool = False, echo: Callable[[str], None] = print)
         from transformers.integrations import TensorBoardCallback
 
         callbacks.append(TensorBoardCallback(tb_writer=SummaryWriter(str(plan.out / TENSORBOARD))))
-    trainer = GRPOTrainer(model=c.model.base, reward_funcs=rewards, args=args, peft_config=peft_config,
+    trainer = GRPOTrainer(model=plan.start_model, reward_funcs=rewards, args=args, peft_config=peft_config,
                           train_dataset=Dataset.from_dict(plan.rows.training_columns(c.data.max_train_rows)),
                           callbacks=callbacks)
     trainer.remove_callback(ProgressCallback)
@@ -179,7 +195,7 @@ def train(plan: Plan, resume: bool = False, echo: Callable[[str], None] = print)
     trainer.save_model(str(model_dir))
     if main:
         trainer.processing_class.save_pretrained(str(model_dir))
-        ReviserCard(c.model.base, c.model.kind, plan.rows.prompt_settings,
+        ReviserCard(plan.start_model, c.model.kind, plan.rows.prompt_settings,
                     c.eval.max_new_tokens or c.grpo.max_completion_length,
                     {"dataset": str(plan.rows.folder), "dataset_hash": plan.rows.content_hash}).save(model_dir)
         (plan.out / "run.json").write_bytes(orjson.dumps(plan.describe(), option=orjson.OPT_INDENT_2))

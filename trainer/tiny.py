@@ -3,7 +3,7 @@ here on tool-call text, and a ChatML chat template, saved in Hugging Face format
 
 The tokenizer learns from reviser prompts and answers made from the fault library (`tracemill.trainer.fault_rows`:
 BFCL and MCP-Bench calls, their corrupted forms, the tool lines and conversations around them). Its merges may cross
-spaces and punctuation, so the schema fragments and JSON punctuation that fill these prompts become single tokens and
+spaces and punctuation (not newlines), so the schema fragments and JSON punctuation that fill these prompts become single tokens and
 a compact prompt stays short: what makes a CPU training run affordable. The weights are random: the model is for
 tests, benchmarks and the demo, not for use.
 """
@@ -66,7 +66,10 @@ def train_tokenizer(texts: Iterator[str], spec: TinyModelSpec):  # type: ignore[
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    # Newlines stand alone, so that no token crosses from a prompt into its answer (a chat turn's header ends in one).
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split("\n", behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=spec.vocab_size, special_tokens=list(SPECIAL_TOKENS),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
@@ -100,12 +103,15 @@ def build_tiny_model(out: Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:
     return out
 
 
+_DEFAULT = TinyModelSpec()
+
+
 @click.command("tiny-model")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Folder to save it in.")
-@click.option("--vocab-size", default=TinyModelSpec.vocab_size, show_default=True)
-@click.option("--hidden-size", default=TinyModelSpec.hidden_size, show_default=True)
-@click.option("--layers", default=TinyModelSpec.layers, show_default=True)
-@click.option("--seed", default=TinyModelSpec.seed, show_default=True)
+@click.option("--vocab-size", default=_DEFAULT.vocab_size, show_default=True)
+@click.option("--hidden-size", default=_DEFAULT.hidden_size, show_default=True)
+@click.option("--layers", default=_DEFAULT.layers, show_default=True)
+@click.option("--seed", default=_DEFAULT.seed, show_default=True)
 def tiny_model(out: Path, vocab_size: int, hidden_size: int, layers: int, seed: int) -> None:
     """Build a tiny Qwen3-style model and its tokenizer (trained here on tool-call text), for tests and the demo."""
     spec = TinyModelSpec(vocab_size=vocab_size, hidden_size=hidden_size, layers=layers, seed=seed,

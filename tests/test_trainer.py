@@ -1,0 +1,193 @@
+"""The trainer end to end on this machine's CPU: a tiny model built here, a few GRPO steps on mined prompt rows, a
+Ctrl-C that keeps a checkpoint, a resume, the registered model, and the model reviser in `tracemill eval`.
+
+One module, module-scoped fixtures: TRL is imported once, the model is built and trained once."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from tracemill.cli import main
+from tracemill.trainer.fault_rows import fault_cases, write_rows
+from tracemill.trainer.tiny import COMPACT
+
+pytest.importorskip("trl", reason="the trainer needs the train extra")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny") / "model"
+    result = CliRunner().invoke(main, ["tiny-model", "--out", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0 and "MB)" in result.output, result.output
+    return out
+
+
+def test_tiny_model_is_a_small_qwen3_with_a_tokenizer_for_tool_calls(tiny):
+    from transformers import AutoConfig, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(tiny)
+    assert config.model_type == "qwen3" and config.num_hidden_layers == 2
+    assert sum(f.stat().st_size for f in tiny.iterdir()) < 5e6
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+    text = '<|python_start|>[get_weather(city="Zürich", days=3)]<|python_end|>'
+    assert tokenizer.decode(tokenizer(text)["input_ids"]) == text  # byte level: any text, nothing unknown
+    prompt = [{"role": "user", "content": "hi"}]
+    rendered = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+    assert rendered == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert tokenizer.eos_token == "<|im_end|>"
+    from tracemill.trainer.fault_rows import prompt_row
+
+    lengths = sorted(len(tokenizer.apply_chat_template(prompt_row(c, COMPACT)["prompt"], tokenize=True,
+                                                       return_dict=True)["input_ids"])
+                     for c in fault_cases(7, sources=("bfcl",), max_calls=1)[:200])
+    assert lengths[len(lengths) // 2] < 100  # a compact prompt is a few dozen tokens, not hundreds
+
+
+@pytest.fixture(scope="module")
+def mined(tmp_path_factory):
+    cases = fault_cases(0, sources=("bfcl",), max_calls=1)
+    faulty = [c for c in cases if c.faults][:40]
+    valid = [c for c in cases if not c.faults][:16]
+    return write_rows(tmp_path_factory.mktemp("mined") / "mined", faulty + valid, COMPACT, eval_share=0.2,
+                      eval_only=lambda c: "missing_required" in c.faults)
+
+
+CONFIG = """
+device = "cpu"
+[model]
+base = "{base}"
+kind = "full"
+[data]
+dataset = "{data}"
+[warmup]
+steps = 40
+learning_rate = 3e-3
+[grpo]
+num_generations = 4
+per_device_batch_size = 8
+max_completion_length = 40
+max_steps = {steps}
+learning_rate = 1e-3
+[output]
+dir = "run"
+save_steps = 1
+database_url = "{db}"
+[eval]
+suites = ["do-no-harm"]
+limit = 12
+"""
+
+
+def _metrics(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny, mined):
+    """Ctrl-C a real `tracemill train` process after its first GRPO step, then resume it to the end."""
+    folder = tmp_path_factory.mktemp("train")
+    db = f"sqlite:///{folder / 'tracemill.db'}"
+    config = folder / "train.toml"
+    config.write_text(CONFIG.format(base=tiny, data=mined, steps=200, db=db))
+    run = folder / "run"
+    process = subprocess.Popen([sys.executable, "-m", "tracemill.cli", "train", "--config", str(config)],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    deadline = time.monotonic() + 240
+    while not ((run / "metrics.jsonl").is_file() and (run / "metrics.jsonl").read_text().strip()):
+        assert process.poll() is None and time.monotonic() < deadline, process.stdout.read()
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=120)
+    checkpoints = sorted((run / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    listed = CliRunner().invoke(main, ["models", "list", "--db", db, "--json"]).output
+    interrupted = {"rc": process.returncode, "output": output, "checkpoints": [p.name for p in checkpoints],
+                   "model_saved": (run / "model").exists(), "registered": json.loads(listed)}
+    stopped_at = int(checkpoints[-1].name.split("-")[1])
+    refused = CliRunner().invoke(main, ["train", "--config", str(config)])
+    config.write_text(CONFIG.format(base=tiny, data=mined, steps=stopped_at + 2, db=db))
+    resumed = CliRunner().invoke(main, ["train", "--config", str(config), "--resume"], catch_exceptions=False)
+    assert resumed.exit_code == 0, resumed.output
+    return {"folder": folder, "run": run, "db": db, "interrupted": interrupted, "stopped_at": stopped_at,
+            "refused": refused, "resumed": resumed}
+
+
+def test_ctrl_c_keeps_a_checkpoint_and_resume_goes_on_from_it(trained):
+    interrupted = trained["interrupted"]
+    assert interrupted["rc"] == 130, interrupted["output"]
+    assert "interrupted: saving a checkpoint after this step" in interrupted["output"]
+    assert "run again with --resume" in interrupted["output"]
+    assert interrupted["checkpoints"] and not interrupted["model_saved"] and interrupted["registered"] == []
+    refused = trained["refused"]
+    assert refused.exit_code == 1 and "holds checkpoints of an earlier run" in refused.output
+    steps = [m["step"] for m in _metrics(trained["run"]) if "reward" in m]
+    assert steps == sorted(steps) and steps[-1] == trained["stopped_at"] + 2
+    assert [s for s in steps if s > trained["stopped_at"]] == [trained["stopped_at"] + 1, trained["stopped_at"] + 2]
+
+
+def test_grpo_changed_the_weights_and_logged_each_term(trained):
+    from safetensors.torch import load_file
+
+    run = trained["run"]
+    start = load_file(run / "warmup" / "model.safetensors")
+    end = load_file(run / "model" / "model.safetensors")
+    assert start.keys() == end.keys()
+    assert any(not (start[k] == end[k]).all() for k in start)
+    logged = [m for m in _metrics(run) if "reward" in m]
+    for term in ("parses", "tool_name", "schema", "reference_match", "preserve_valid", "grounding", "clean_format"):
+        assert all(f"rewards/{term}/mean" in m for m in logged), term
+    assert all("frac_reward_zero_std" in m and "completions/mean_length" in m for m in logged)
+    assert min(m["frac_reward_zero_std"] for m in logged) < 1  # some groups did not tie: there was something to learn
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    card = json.loads((run / "model" / "reviser.json").read_text())
+    assert card["prompt_settings"] == COMPACT.to_dict() and card["kind"] == "full"
+
+
+def test_the_run_is_registered_with_its_eval_figures(trained, mined):
+    assert "registered reviser-0001" in trained["resumed"].output
+    result = CliRunner().invoke(main, ["models", "list", "--db", trained["db"], "--json"])
+    (model,) = json.loads(result.output)
+    assert model["kind"] == "full" and model["path"] == str(trained["run"] / "model")
+    assert model["dataset_hash"] == json.loads((mined / "dataset.json").read_text())["content_hash"]
+    assert model["config"]["prompt_settings"] == COMPACT.to_dict() and model["config"]["warmup"]["steps"] == 40
+    revisers = {m["reviser"]: m for m in model["evaluation"]["eval"]["revisers"]}
+    assert set(revisers) == {"rules", "model"} and revisers["model"]["cases"] == revisers["rules"]["cases"] > 0
+    no_harm = {m["reviser"]: m for m in model["evaluation"]["do-no-harm"]["revisers"]}
+    assert no_harm["model"]["valid_changed"] == 0 and no_harm["model"]["ok_rate"] == 1
+    assert model["metrics"]["steps"] == trained["stopped_at"] + 2 and "reward" in model["metrics"]
+    table = CliRunner().invoke(main, ["models", "list", "--db", trained["db"]])
+    assert "reviser-0001" in table.output and "full" in table.output
+
+
+def test_model_reviser_in_eval_keeps_revise_contract(trained, mined):
+    from tracemill.revisers import make_reviser
+    from tracemill.revision import StepKind
+    from tracemill.suites import read_cases
+    from tracemill.tools import tool_index
+
+    spec = f"model:{trained['run'] / 'model'}"
+    result = CliRunner().invoke(main, ["eval", "--cases", str(mined / "eval.jsonl"), "--reviser", "rules",
+                                       "--reviser", spec, "--json"])
+    assert result.exit_code == 0, result.output
+    by = {m["reviser"]: m for m in json.loads(result.stdout)["revisers"]}
+    assert by[spec]["valid_changed"] == 0 and by[spec]["ok_rate"] >= by["rules"]["ok_rate"]
+    reviser = make_reviser(spec)
+    asked = 0
+    for case in read_cases(mined / "eval.jsonl"):
+        index = tool_index(case.tools)
+        revision = reviser(case.raw, index, case.context)
+        rules = make_reviser("rules")(case.raw, index, case.context)
+        if any(s.kind is StepKind.MODEL for s in revision.steps):
+            asked += 1
+            assert revision.ok  # the model's answer is kept only when it is valid
+        else:
+            assert revision == rules  # otherwise what the rules made of the output stands
+        if rules.ok and not rules.changed:
+            assert revision == rules  # a call valid as sent is never changed
+    assert asked <= len(read_cases(mined / "eval.jsonl"))
