@@ -99,9 +99,12 @@ def test_bad_case_file_names_the_line_and_field(tmp_path):
     assert f"{path}:2" in result.output and "'raw'" in result.output
 
 
-def test_model_reviser_says_what_it_needs():
-    result = _eval("--cases", "do-no-harm", "--reviser", "model:/tmp/nothing")
-    assert result.exit_code != 0 and "train" in result.output
+def test_model_reviser_needs_a_trained_model_folder(tmp_path):
+    result = _eval("--cases", "do-no-harm", "--reviser", f"model:{tmp_path}")
+    assert result.exit_code == 2 and f"model:{tmp_path}: not a trained reviser (no reviser.json" in result.output
+    (tmp_path / "reviser.json").write_text("{}")
+    result = _eval("--cases", "do-no-harm", "--reviser", f"model:{tmp_path}")
+    assert result.exit_code == 2 and "reviser.json cannot be read" in result.output
 
 
 def test_bfcl_ast_agreement_uses_bfcl_normalisation():

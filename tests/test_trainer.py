@@ -191,3 +191,13 @@ def test_model_reviser_in_eval_keeps_revise_contract(trained, mined):
         if rules.ok and not rules.changed:
             assert revision == rules  # a call valid as sent is never changed
     assert asked <= len(read_cases(mined / "eval.jsonl"))
+
+
+def test_gpu_bench_passes_its_cpu_dry_run():
+    result = subprocess.run(["bash", "bench/gpu/run.sh", "--dry-run"], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHON": sys.executable})
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert [m["mode"] for m in figures["modes"]] == ["lora", "full"]
+    assert all(m["s_per_step"] > 0 and m["train_tokens_per_s"] > 0 for m in figures["modes"])
+    assert figures["generation_tokens_per_s"] > 0 and "s/step" in result.stdout
