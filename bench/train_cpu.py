@@ -166,15 +166,54 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _cell(values: list[float | None]) -> str:
+    known = [v for v in values if v is not None]
+    if not known:
+        return "-"
+    per_seed = " / ".join(f"{100 * v:.0f}" for v in known)
+    return f"{100 * statistics.fmean(known):.1f} % ({per_seed})"
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    """The report's tables: each figure's mean over seeds, and each seed's value, after each stage."""
+    results = summary["results"]
+    lines = [f"seeds {', '.join(map(str, summary['seeds']))}; {summary['sft_steps']} warm-up steps, "
+             f"{summary['grpo_steps']} GRPO steps; {summary['seconds'] / 60:.1f} minutes in all", ""]
+    for part, title in (("all", "every eval row"), ("held_out", f"rows with a held-out kind ({', '.join(HELD_OUT)})"),
+                        ("warmed_up_faults", "faulty rows whose kinds the warm-up saw")):
+        rows = results[0]["sft"][part]["rows"]
+        lines += [f"The model alone, {title} ({rows} rows):", "", "| after | verified ok | reference match | "
+                  "invalid inputs copied | valid inputs changed |", "| --- | ---: | ---: | ---: | ---: |"]
+        for stage, label in (("sft", "warm-up (SFT)"), ("grpo", "GRPO")):
+            cells = [_cell([r[stage][part][key] for r in results])
+                     for key in ("verified_ok", "reference_match", "invalid_copied", "valid_changed")]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += ["As a reviser (`model:DIR`: the rules first, the model where they fail), every eval row:", "",
+              "| reviser | verified ok | reference match | valid inputs changed |", "| --- | ---: | ---: | ---: |"]
+    for key, label in (("sft_with_rules", "warm-up model"), ("grpo_with_rules", "GRPO model")):
+        for reviser in ("rules", "model"):
+            if reviser == "rules" and key == "grpo_with_rules":
+                continue
+            cells = [_cell([r[key][reviser][m] for r in results])
+                     for m in ("verified_ok", "reference_match", "valid_changed")]
+            lines.append(f"| {'rules' if reviser == 'rules' else label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--report", action="store_true", help="only print the tables of OUT/results.json")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--sft-steps", type=int, default=300)
     parser.add_argument("--grpo-steps", type=int, default=80)
     parser.add_argument("--completion", type=int, default=48, help="max completion tokens")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run of about a minute")
     args = parser.parse_args()
+    if args.report:
+        print(markdown(json.loads((args.out / "results.json").read_text())))
+        return
     if args.quick:
         args.seeds, args.sft_steps, args.grpo_steps, args.completion = args.seeds[:1], 10, 2, 24
     from tracemill.trainer.tiny import TinyModelSpec, build_tiny_model
@@ -193,6 +232,7 @@ def main() -> None:
                "card": json.loads((data / "dataset.json").read_text()), "results": results}
     (args.out / "results.json").write_text(json.dumps(summary, indent=1))
     plot(results, args.out / "reward_curve.png")
+    print(markdown(summary))
     print(f"{args.out}/results.json, reward_curve.png ({summary['seconds']:.0f} s)", file=sys.stderr)
 
 

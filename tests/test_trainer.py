@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -194,7 +195,8 @@ def test_model_reviser_in_eval_keeps_revise_contract(trained, mined):
 
 
 def test_gpu_bench_passes_its_cpu_dry_run():
-    result = subprocess.run(["bash", "bench/gpu/run.sh", "--dry-run"], capture_output=True, text=True, timeout=300,
+    script = Path(__file__).resolve().parents[1] / "bench" / "gpu" / "run.sh"
+    result = subprocess.run(["bash", str(script), "--dry-run"], capture_output=True, text=True, timeout=300,
                             env={**os.environ, "PYTHON": sys.executable})
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads(result.stdout.strip().splitlines()[-1])
