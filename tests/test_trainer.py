@@ -203,3 +203,37 @@ def test_gpu_bench_passes_its_cpu_dry_run():
     assert [m["mode"] for m in figures["modes"]] == ["lora", "full"]
     assert all(m["s_per_step"] > 0 and m["train_tokens_per_s"] > 0 for m in figures["modes"])
     assert figures["generation_tokens_per_s"] > 0 and "s/step" in result.stdout
+
+
+def test_model_reviser_loads_a_lora_adapter_over_its_base(tiny, tmp_path):
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tracemill.reviser_prompt import build_prompt
+    from tracemill.revisers import make_reviser
+    from tracemill.revision import StepKind
+    from tracemill.tools import tool_index
+    from tracemill.trainer.model_reviser import ReviserCard
+
+    adapter = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny), LoraConfig(
+        r=4, target_modules="all-linear", task_type="CAUSAL_LM", init_lora_weights=False))
+    folder = tmp_path / "adapter"
+    adapter.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny).save_pretrained(folder)
+    ReviserCard(str(tiny), "lora", COMPACT, 8).save(folder)
+    reviser = make_reviser(f"model:{folder}")
+    base = AutoModelForCausalLM.from_pretrained(tiny).state_dict()
+    merged = reviser.model.state_dict()
+    assert merged.keys() == base.keys() and any(not torch.equal(base[k], merged[k]) for k in base)
+    index = tool_index([{"name": "get_weather", "inputSchema": {
+        "type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}}])
+    asked = []
+    generate = reviser.generate
+    reviser.generate = lambda messages: asked.append(messages) or generate(messages)
+    cut = '{"name": "get_weather", "arguments": {"city": "Dub'
+    revision = reviser(cut, index, None)  # cut short: the rules refuse it, so the model is asked
+    assert not any(s.kind is StepKind.MODEL for s in revision.steps) or revision.ok
+    assert asked == [build_prompt(cut, index, None, COMPACT).to_list()] and asked[0][0]["role"] == "user"
+    valid = '{"name": "get_weather", "arguments": {"city": "Dublin"}}'
+    assert reviser(valid, index, None) == make_reviser("rules")(valid, index, None) and len(asked) == 1
