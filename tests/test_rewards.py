@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from tracemill.cli import main
 from tracemill.reviser_prompt import PromptSettings
-from tracemill.trainer.fault_rows import fault_cases, write_rows
+from tracemill.trainer.fault_rows import fault_cases, sampled_cases, write_rows
 from tracemill.trainer.judge import LLMJudge
 from tracemill.trainer.rewards import REWARD_FUNCTIONS, TERMS, row_from_columns, score
 
@@ -234,3 +234,16 @@ def test_models_are_registered_by_version_and_listed(db_url):
     listed = json.loads(CliRunner().invoke(main, ["models", "list", "--db", db_url, "--json"]).output)
     assert [m["name"] for m in listed] == ["reviser-0001", "reviser-0002"] and listed[0]["path"] == "/runs/a/model"
     engine.dispose()
+
+
+def test_sampled_cases_are_many_calls_to_few_small_tools():
+    from tracemill.tools import tool_index
+    from tracemill.verify import verify
+
+    cases = sampled_cases(300, seed=3)
+    names = {c.reference[0].name for c in cases}
+    assert len(cases) == 300 and 2 < len(names) <= 12
+    assert len({json.dumps(c.reference[0].arguments, sort_keys=True) for c in cases}) > 150  # the values vary
+    assert all(verify(c.reference[0], tool_index(c.tools)).ok for c in cases)
+    assert 0.2 < sum(bool(c.faults) for c in cases) / 300 < 0.8
+    assert sampled_cases(300, seed=3) == cases

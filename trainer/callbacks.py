@@ -1,5 +1,6 @@
-"""What a training run shows and keeps while it runs: every logged figure as a line of `metrics.jsonl`, a progress
-bar with the reward, and a clean stop on Ctrl-C (a checkpoint after the current step, then out)."""
+"""What a training run shows and keeps while it runs: every logged figure as a line of `metrics.jsonl` and in
+TensorBoard, a progress bar with the reward, and a clean stop on Ctrl-C (a checkpoint after the current step, then
+out)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
+from transformers.integrations import TensorBoardCallback
 from transformers.trainer_callback import ProgressCallback
+
+
+def _known(logs: dict[str, Any] | None) -> dict[str, Any]:
+    """The figures a step had: a term that applied to no row of its batch is NaN (or None), not 0."""
+    return {k: v for k, v in (logs or {}).items() if v is not None and not (isinstance(v, float) and math.isnan(v))}
 
 
 class MetricsLog(TrainerCallback):
@@ -24,8 +31,20 @@ class MetricsLog(TrainerCallback):
         if not state.is_world_process_zero or not logs:
             return
         clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in logs.items()}
-        with open(self.path, "a") as fh:
+        with open(self.path, "a") as fh:  # null: the figure had no value at this step
             fh.write(json.dumps({"step": state.global_step, **clean}) + "\n")
+
+
+class TensorBoard(TensorBoardCallback):
+    """TensorBoard scalars in `log_dir`, each step's known figures only."""
+
+    def __init__(self, log_dir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        super().__init__(tb_writer=SummaryWriter(str(log_dir)))
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        super().on_log(args, state, control, logs=_known(logs), **kwargs)
 
 
 class CompactProgress(ProgressCallback):

@@ -2,9 +2,10 @@
 the trainer's tests and benchmarks use them where no store of real traffic is at hand, and the tiny model's tokenizer
 learns its text from them.
 
-Each row is one eval-suite case (`tracemill.suites`: BFCL v4 ground truth and MCP-Bench example calls, corrupted by
-`tracemill.faults` under the weak-model profiles) with the reviser prompt built for it by
-`tracemill.reviser_prompt.build_prompt`. The reference is the ground truth the case was corrupted from.
+Each row is one case with the reviser prompt built for it by `tracemill.reviser_prompt.build_prompt`: an eval-suite
+case (`tracemill.suites`: BFCL v4 ground truth and MCP-Bench example calls, corrupted by `tracemill.faults` under the
+weak-model profiles), or a sampled call to one of a few small tools (`sampled_cases`: many calls, few tools, for
+benchmarks a tiny model can learn in minutes). The reference is the call the case was corrupted from.
 """
 
 from __future__ import annotations
@@ -18,10 +19,14 @@ from typing import Any
 
 import orjson
 
+from tracemill.bfcl import load_bfcl
+from tracemill.examples import request_words, sampled_arguments
+from tracemill.faults import WEAK_PROFILES, corrupt_calls, sample_faults
 from tracemill.reviser_prompt import PromptSettings, build_prompt
 from tracemill.revisers import no_reviser
 from tracemill.suites import Case, bfcl_suite, mcp_bench_suite
-from tracemill.tools import tool_index
+from tracemill.tools import Tool, tool_index
+from tracemill.verify import ToolCall, verify
 from tracemill.trainer.dataset import CARD, EVAL, TRAIN
 
 
@@ -35,6 +40,33 @@ def fault_cases(seed: int = 0, sources: Sequence[str] = ("bfcl", "mcp-bench"), m
     if "mcp-bench" in sources:
         cases += mcp_bench_suite(seed)
     return [c for c in cases if (max_calls is None or len(c.reference or ()) <= max_calls) and (keep is None or keep(c))]
+
+
+def _simple(tool: Tool, max_params: int) -> bool:
+    props = tool.input_schema.get("properties") or {}
+    flat = all(isinstance(p, dict) and p.get("type") in ("string", "integer", "number") for p in props.values())
+    return 0 < len(props) <= max_params and flat
+
+
+def sampled_cases(n: int, seed: int = 0, n_tools: int = 12, max_params: int = 3,
+                  profiles: Sequence[str] = WEAK_PROFILES) -> list[Case]:
+    """`n` cases over a few small BFCL tools (flat parameters, `max_params` at most), each a call with sampled values
+    (`tracemill.examples.sampled_arguments`) written by a weak-model profile: many different calls to few tools."""
+    found = {t.name: t for c in load_bfcl(["simple_python"]) for t in c.tools if _simple(t, max_params)}
+    tools = list(found.values())[:n_tools]
+    rng = random.Random(seed)
+    cases: list[Case] = []
+    while len(cases) < n:
+        tool = rng.choice(tools)
+        call = ToolCall(tool.name, sampled_arguments(tool.input_schema, request_words(tool.description), rng,
+                                                     optional_rate=0.3))
+        if not verify(call, tools).ok:
+            continue
+        profile = profiles[len(cases) % len(profiles)]
+        bad = corrupt_calls([call], tools, sample_faults(profile, rng, n_calls=1), rng)
+        cases.append(Case(f"{tool.name}/{len(cases)}/{profile}", tuple(tools), bad.raw, (call,), None, None,
+                          bad.recoverable, bad.kinds))
+    return cases
 
 
 def _failure_class(case: Case) -> tuple[bool, str, str | None, list[dict[str, Any]]]:

@@ -142,7 +142,7 @@ def train(plan: Plan, resume: bool = False, echo: Callable[[str], None] = print)
     from transformers.trainer_utils import get_last_checkpoint
     from trl import GRPOConfig, GRPOTrainer
 
-    from tracemill.trainer.callbacks import CompactProgress, MetricsLog, StopOnInterrupt
+    from tracemill.trainer.callbacks import CompactProgress, MetricsLog, StopOnInterrupt, TensorBoard
     from tracemill.trainer.model_reviser import ReviserCard
 
     c = plan.config
@@ -177,10 +177,7 @@ def train(plan: Plan, resume: bool = False, echo: Callable[[str], None] = print)
     stop = StopOnInterrupt()
     callbacks: list[Any] = [MetricsLog(plan.out / METRICS), stop]
     if c.output.tensorboard:
-        from torch.utils.tensorboard import SummaryWriter
-        from transformers.integrations import TensorBoardCallback
-
-        callbacks.append(TensorBoardCallback(tb_writer=SummaryWriter(str(plan.out / TENSORBOARD))))
+        callbacks.append(TensorBoard(plan.out / TENSORBOARD))
     trainer = GRPOTrainer(model=plan.start_model, reward_funcs=rewards, args=args, peft_config=peft_config,
                           train_dataset=Dataset.from_dict(plan.rows.training_columns(c.data.max_train_rows)),
                           callbacks=callbacks)

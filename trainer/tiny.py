@@ -10,7 +10,7 @@ tests, benchmarks and the demo, not for use.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -61,7 +61,7 @@ def corpus(seeds: Sequence[int] = (0, 1), settings: Sequence[PromptSettings] = (
                 yield orjson.dumps(call.to_dict()).decode()
 
 
-def train_tokenizer(texts: Iterator[str], spec: TinyModelSpec):  # type: ignore[no-untyped-def]
+def train_tokenizer(texts: Iterable[str], spec: TinyModelSpec):  # type: ignore[no-untyped-def]
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -81,12 +81,13 @@ def train_tokenizer(texts: Iterator[str], spec: TinyModelSpec):  # type: ignore[
     return fast
 
 
-def build_tiny_model(out: Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:
-    """Train the tokenizer, build the model from a config with seeded random weights, and save both to `out`."""
+def build_tiny_model(out: Path, spec: TinyModelSpec = TinyModelSpec(), texts: Iterable[str] | None = None) -> Path:
+    """Train the tokenizer (on `texts`, by default the `corpus`), build the model from a config with seeded random
+    weights, and save both to `out`."""
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
-    tokenizer = train_tokenizer(corpus(), spec)
+    tokenizer = train_tokenizer(iter(texts) if texts is not None else corpus(), spec)
     config = Qwen3Config(
         vocab_size=len(tokenizer), hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.layers, num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads,
