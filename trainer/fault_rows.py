@@ -5,7 +5,8 @@ learns its text from them.
 Each row is one case with the reviser prompt built for it by `tracemill.reviser_prompt.build_prompt`: an eval-suite
 case (`tracemill.suites`: BFCL v4 ground truth and MCP-Bench example calls, corrupted by `tracemill.faults` under the
 weak-model profiles), or a sampled call to one of a few small tools (`sampled_cases`: many calls, few tools, for
-benchmarks a tiny model can learn in minutes). The reference is the call the case was corrupted from.
+benchmarks a tiny model can learn in minutes). The reference is the call the case was corrupted from. Beside the
+miner's columns a row has `faults`, the fault kinds applied (a list), for benchmarks that report by kind.
 """
 
 from __future__ import annotations
