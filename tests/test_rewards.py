@@ -219,10 +219,9 @@ def test_models_are_registered_by_version_and_listed(db_url):
     with Session(engine) as session, session.begin():
         session.add(DatasetRow(name="mined", path="/data/mined", content_hash="ab" * 32, filters={}, train_rows=10,
                                eval_rows=2, card={}))
-    evaluation = {"eval": {"revisers": [{"reviser": "rules", "ok_rate": 0.5, "reference_match": 0.5,
-                                         "valid_changed": 0.0},
-                                        {"reviser": "model", "ok_rate": 0.75, "reference_match": 0.625,
-                                         "valid_changed": 0.0}]}}
+    evaluation = {"eval": {"cases": 8, "broken_cases": 4,
+                           "rules": {"ok_rate": 0.5, "reference_match": 0.5, "valid_changed": 0.0},
+                           "model": {"ok_rate": 0.75, "reference_match": 0.625, "valid_changed": 0.0}}}
     first = register_model(engine, NewModel("tiny", "lora", "/runs/a/model", "ab" * 32, {"grpo": {}}, {}, evaluation))
     second = register_model(engine, NewModel("tiny", "full", "/runs/b/model", "cd" * 32, {}, {}, {}))
     assert (first.name, second.name) == ("reviser-0001", "reviser-0002")

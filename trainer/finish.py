@@ -35,13 +35,22 @@ def write_report(folder: Path, report: Report) -> None:
     (folder / "results.jsonl").write_bytes(b"".join(orjson.dumps(asdict(r)) + b"\n" for r in report.results))
 
 
+def figures(report: Report) -> dict[str, Any]:
+    """A report as the registry keeps it: `{"cases", "broken_cases", REVISER: {metric: value}}`."""
+    shown = report.to_dict()
+    out: dict[str, Any] = {"cases": shown["cases"], "broken_cases": shown["broken_cases"]}
+    for metrics in shown["revisers"]:
+        out[metrics.pop("reviser")] = metrics
+    return out
+
+
 def evaluate_model(plan: Plan, model: Reviser, echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Each suite's report (`Report.to_dict`), `model` beside `rules`; also written to OUTPUT/eval/SUITE/."""
+    """Each suite's figures, `model` beside `rules`; the whole reports are written to OUTPUT/eval/SUITE/."""
     evaluation: dict[str, Any] = {}
     for suite, cases in eval_suites(plan).items():
         report = evaluate(cases, {"rules": rules_reviser, "model": model}, suite)
         write_report(plan.out / EVAL / suite, report)
-        evaluation[suite] = report.to_dict()
+        evaluation[suite] = figures(report)
         echo(f"\n{suite}: {report.cases} cases, {report.broken} not valid as sent\n{report.markdown()}")
     return evaluation
 

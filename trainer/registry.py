@@ -1,5 +1,10 @@
 """The model registry: each training run's reviser version is a row in `models` (base, weights or adapter, the data
-and config it was trained with, its training and eval figures). `tracemill models list` shows them."""
+and config it was trained with, its training and eval figures). `tracemill models list` shows them.
+
+`metrics`: `steps`, `train_runtime_s`, `step` and a curve per figure (a list, one value per logged step: `reward`,
+`rewards/TERM/mean`, `frac_reward_zero_std`, `kl`, ...), and `final` (each figure's mean over the last quarter).
+`evaluation`: per suite (`eval` is the dataset's eval split), `{"cases", "broken_cases", "rules": {...}, "model":
+{...}}` with `tracemill eval`'s metrics."""
 
 from __future__ import annotations
 
@@ -53,11 +58,8 @@ def list_models(engine: Engine) -> list[ModelRow]:
 
 
 def _figure(evaluation: dict[str, Any], suite: str, reviser: str, key: str) -> str:
-    report = evaluation.get(suite) or {}
-    for metrics in report.get("revisers", ()):
-        if metrics.get("reviser") == reviser:
-            return percent(metrics.get(key))
-    return "-"
+    metrics = (evaluation.get(suite) or {}).get(reviser)
+    return percent(metrics.get(key)) if isinstance(metrics, dict) else "-"
 
 
 @click.group()

@@ -118,20 +118,26 @@ def _dtype(plan: Plan) -> str:
     return "bfloat16" if plan.device == "cuda" else "float32"
 
 
+CURVES = ("reward", "reward_std", "frac_reward_zero_std", "kl", "entropy", "completions/mean_length",
+          "copied_invalid", "valid_changed", "judge_failed")
+
+
 def summarize(history: list[dict[str, Any]]) -> dict[str, Any]:
-    """Training figures for the registry: the run's length, and each logged figure's first and last value and its
-    mean over the last quarter of the logs."""
+    """Training figures for the registry: the run's length; a curve (one value per logged step, None where a step
+    had none) of the reward, each term and the other figures worth plotting; and each figure's mean over the last
+    quarter of the steps."""
     steps = [h for h in history if "reward" in h]
-    summary: dict[str, Any] = {"steps": history[-1].get("step", 0) if history else 0, "logged_steps": len(steps)}
     end = next((h for h in reversed(history) if "train_runtime" in h), {})
-    summary["train_runtime_s"] = end.get("train_runtime")
-    keys = sorted({k for h in steps for k, v in h.items() if isinstance(v, (int, float)) and k not in ("step",)})
+    summary: dict[str, Any] = {"steps": history[-1].get("step", 0) if history else 0,
+                               "train_runtime_s": end.get("train_runtime"), "step": [h.get("step") for h in steps]}
+    keys = [k for k in dict.fromkeys(k for h in steps for k in h) if k in CURVES or k.startswith("rewards/")]
     tail = steps[-max(1, len(steps) // 4):]
+    summary["final"] = {}
     for key in keys:
-        values = [h[key] for h in steps if isinstance(h.get(key), (int, float))]
+        summary[key] = [h.get(key) if isinstance(h.get(key), (int, float)) else None for h in steps]
         last = [h[key] for h in tail if isinstance(h.get(key), (int, float))]
-        if values:
-            summary[key] = {"first": values[0], "last": values[-1], "tail_mean": statistics.fmean(last or values)}
+        if last:
+            summary["final"][key] = statistics.fmean(last)
     return summary
 
 
