@@ -3,9 +3,9 @@ here on tool-call text, and a ChatML chat template, saved in Hugging Face format
 
 The tokenizer learns from reviser prompts and answers made from the fault library (`tracemill.trainer.fault_rows`:
 BFCL and MCP-Bench calls, their corrupted forms, the tool lines and conversations around them). Its merges may cross
-spaces and punctuation (not newlines), so the schema fragments and JSON punctuation that fill these prompts become single tokens and
-a compact prompt stays short: what makes a CPU training run affordable. The weights are random: the model is for
-tests, benchmarks and the demo, not for use.
+spaces and punctuation (not newlines, backslashes or digits), so the schema fragments and JSON punctuation that fill
+these prompts become single tokens and a compact prompt stays short: what makes a CPU training run affordable. The
+weights are random: the model is for tests, benchmarks and the demo, not for use.
 """
 
 from __future__ import annotations
@@ -62,13 +62,16 @@ def corpus(seeds: Sequence[int] = (0, 1), settings: Sequence[PromptSettings] = (
 
 
 def train_tokenizer(texts: Iterable[str], spec: TinyModelSpec):  # type: ignore[no-untyped-def]
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
-    # Newlines stand alone, so that no token crosses from a prompt into its answer (a chat turn's header ends in one).
+    # Newlines stand alone, so that no token crosses from a prompt into its answer (a chat turn's header ends in one);
+    # so do backslashes and digits, so that a number is the same tokens in a broken output and in its fix (`\"27\"`
+    # and `27` share `2`, `7`) and an answer can copy it.
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split("\n", behavior="isolated"),
+        pre_tokenizers.Split(Regex(r'[\n\\]'), behavior="isolated"),
+        pre_tokenizers.Digits(individual_digits=True),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=spec.vocab_size, special_tokens=list(SPECIAL_TOKENS),
