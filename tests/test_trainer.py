@@ -1,5 +1,6 @@
-"""The trainer end to end on this machine's CPU: a tiny model built here, a few GRPO steps on mined prompt rows, a
-Ctrl-C that keeps a checkpoint, a resume, the registered model, and the model reviser in `tracemill eval`.
+"""The trainer end to end on this machine's CPU: simulated traffic through a real collector, `tracemill mine`, a tiny
+model built here, a few GRPO steps on the mined rows, a Ctrl-C that keeps a checkpoint, a resume, the registered
+model, and the model reviser in `tracemill eval`.
 
 One module, module-scoped fixtures: TRL is imported once, the model is built and trained once."""
 
@@ -14,8 +15,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from sqlalchemy import select
+
 from tracemill.cli import main
-from tracemill.trainer.fault_rows import fault_cases, write_rows
+from tracemill.store.engine import make_engine
+from tracemill.store.tables import DatasetRow
+from tracemill.trainer.fault_rows import fault_cases
 from tracemill.trainer.tiny import COMPACT
 
 pytest.importorskip("trl", reason="the trainer needs the train extra")
@@ -52,11 +57,24 @@ def test_tiny_model_is_a_small_qwen3_with_a_tokenizer_for_tool_calls(tiny):
 
 @pytest.fixture(scope="module")
 def mined(tmp_path_factory):
-    cases = fault_cases(0, sources=("bfcl",), max_calls=1)
-    faulty = [c for c in cases if c.faults][:40]
-    valid = [c for c in cases if not c.faults][:16]
-    return write_rows(tmp_path_factory.mktemp("mined") / "mined", faulty + valid, COMPACT, eval_share=0.2,
-                      eval_only=lambda c: "missing_required" in c.faults)
+    """`tracemill mine` of the traffic `tracemill simulate` sent through a real collector."""
+    from support import CollectorProcess
+
+    from tracemill.simulate import simulate
+
+    folder = tmp_path_factory.mktemp("mined")
+    db = f"sqlite:///{folder / 'traffic.db'}"
+    collector = CollectorProcess(db, folder).start()
+    try:
+        simulate(collector.url, traces=80, seed=3, profile="llama3.1-8b", start_ns=1_780_000_000_000_000_000)
+    finally:
+        collector.stop()
+    done = CliRunner().invoke(main, ["mine", "--db", db, "--out", str(folder / "mined"), "--eval-share", "0.2",
+                                     "--max-tools", "1", "--budget-tokens", "48", "--json"])
+    assert done.exit_code == 0, done.output
+    card = json.loads(done.output)
+    assert card["splits"]["train"]["rows"] >= 16 and card["splits"]["eval"]["rows"] > 0, card["splits"]
+    return folder / "mined"
 
 
 CONFIG = """
@@ -93,7 +111,7 @@ def _metrics(run):
 def trained(tmp_path_factory, tiny, mined):
     """Ctrl-C a real `tracemill train` process after its first GRPO step, then resume it to the end."""
     folder = tmp_path_factory.mktemp("train")
-    db = f"sqlite:///{folder / 'tracemill.db'}"
+    db = f"sqlite:///{mined.parent / 'traffic.db'}"  # the store the rows were mined from
     config = folder / "train.toml"
     config.write_text(CONFIG.format(base=tiny, data=mined, steps=200, db=db))
     run = folder / "run"
@@ -115,7 +133,7 @@ def trained(tmp_path_factory, tiny, mined):
     config.write_text(CONFIG.format(base=tiny, data=mined, steps=stopped_at + 2, db=db))
     resumed = CliRunner().invoke(main, ["train", "--config", str(config), "--resume"], catch_exceptions=False)
     assert resumed.exit_code == 0, resumed.output
-    return {"folder": folder, "run": run, "db": db, "interrupted": interrupted, "stopped_at": stopped_at,
+    return {"folder": folder, "run": run, "db": db, "mined": mined, "interrupted": interrupted, "stopped_at": stopped_at,
             "refused": refused, "resumed": resumed}
 
 
@@ -147,7 +165,8 @@ def test_grpo_changed_the_weights_and_logged_each_term(trained):
     assert min(m["frac_reward_zero_std"] for m in logged) < 1  # some groups did not tie: there was something to learn
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
     card = json.loads((run / "model" / "reviser.json").read_text())
-    assert card["prompt_settings"] == COMPACT.to_dict() and card["kind"] == "full"
+    mined = json.loads((trained["mined"] / "dataset.json").read_text())["prompt_settings"]
+    assert card["prompt_settings"] == mined and mined["max_tools"] == 1 and card["kind"] == "full"
 
 
 def test_the_run_is_registered_with_its_eval_figures(trained, mined):
@@ -156,7 +175,12 @@ def test_the_run_is_registered_with_its_eval_figures(trained, mined):
     (model,) = json.loads(result.output)
     assert model["kind"] == "full" and model["path"] == str(trained["run"] / "model")
     assert model["dataset_hash"] == json.loads((mined / "dataset.json").read_text())["content_hash"]
-    assert model["config"]["prompt_settings"] == COMPACT.to_dict() and model["config"]["warmup"]["steps"] == 40
+    assert model["config"]["prompt_settings"]["max_tools"] == 1 and model["config"]["warmup"]["steps"] == 40
+    engine = make_engine(trained["db"])
+    with engine.connect() as conn:
+        exported = conn.execute(select(DatasetRow.id, DatasetRow.content_hash)).all()
+    engine.dispose()
+    assert [(model["dataset_id"], model["dataset_hash"])] == [tuple(r) for r in exported]  # linked to mine's export
     split = model["evaluation"]["eval"]
     assert split["cases"] == len((mined / "eval.jsonl").read_text().splitlines()) > 0
     assert split["model"]["cases"] == split["rules"]["cases"] == split["cases"]
