@@ -133,8 +133,8 @@ def trained(tmp_path_factory, tiny, mined):
     config.write_text(CONFIG.format(base=tiny, data=mined, steps=stopped_at + 2, db=db))
     resumed = CliRunner().invoke(main, ["train", "--config", str(config), "--resume"], catch_exceptions=False)
     assert resumed.exit_code == 0, resumed.output
-    return {"folder": folder, "run": run, "db": db, "mined": mined, "interrupted": interrupted, "stopped_at": stopped_at,
-            "refused": refused, "resumed": resumed}
+    return {"folder": folder, "run": run, "db": db, "mined": mined, "interrupted": interrupted,
+            "stopped_at": stopped_at, "refused": refused, "resumed": resumed}
 
 
 def test_ctrl_c_keeps_a_checkpoint_and_resume_goes_on_from_it(trained):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +31,16 @@ from tracemill.verify import ToolCall, verify
 from tracemill.trainer.dataset import CARD, EVAL, TRAIN
 
 
-def fault_cases(seed: int = 0, sources: Sequence[str] = ("bfcl", "mcp-bench"), max_calls: int | None = None,
-                keep: Callable[[Case], bool] | None = None) -> list[Case]:
+def fault_cases(seed: int = 0, sources: Sequence[str] = ("bfcl", "mcp-bench"), max_calls: int | None = None
+                ) -> list[Case]:
     """The built-in suites' cases (BFCL with the user's question as its conversation), `max_calls` reference calls at
-    most, those `keep` accepts."""
+    most."""
     cases: list[Case] = []
     if "bfcl" in sources:
         cases += bfcl_suite(seed)
     if "mcp-bench" in sources:
         cases += mcp_bench_suite(seed)
-    return [c for c in cases if (max_calls is None or len(c.reference or ()) <= max_calls) and (keep is None or keep(c))]
+    return [c for c in cases if max_calls is None or len(c.reference or ()) <= max_calls]
 
 
 def _simple(tool: Tool, max_params: int) -> bool:
@@ -102,17 +102,15 @@ def _jsonl(rows: Iterable[dict[str, Any]]) -> bytes:
     return b"".join(orjson.dumps(r) + b"\n" for r in rows)
 
 
-def write_rows(out: Path, cases: Sequence[Case], settings: PromptSettings, eval_share: float = 0.2, seed: int = 0,
-               eval_only: Callable[[Case], bool] | None = None) -> Path:
-    """`train.jsonl`, `eval.jsonl` and the card `dataset.json` in `out`: a seeded `eval_share` of the cases (and every
-    case `eval_only` names) go to eval."""
+def write_rows(out: Path, cases: Sequence[Case], settings: PromptSettings, eval_share: float = 0.2,
+               seed: int = 0) -> Path:
+    """`train.jsonl`, `eval.jsonl` and the card `dataset.json` in `out`: a seeded `eval_share` of the cases go to
+    eval."""
     order = list(cases)
     random.Random(seed).shuffle(order)
     cut = int(len(order) * eval_share)
-    held = [c for c in order[:cut]] + [c for c in order[cut:] if eval_only is not None and eval_only(c)]
-    held_ids = {c.id for c in held}
-    train = [prompt_row(c, settings) for c in order if c.id not in held_ids]
-    evaluation = [prompt_row(c, settings) for c in held]
+    evaluation = [prompt_row(c, settings) for c in order[:cut]]
+    train = [prompt_row(c, settings) for c in order[cut:]]
     out.mkdir(parents=True, exist_ok=True)
     (out / TRAIN).write_bytes(train_bytes := _jsonl(train))
     (out / EVAL).write_bytes(eval_bytes := _jsonl(evaluation))
