@@ -25,6 +25,8 @@ from tracemill.store.sqlite_writer import WriteLock, database_path
 
 log = logging.getLogger("tracemill.collector")
 
+_GZIP_MAGIC = b"\x1f\x8b"
+
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
@@ -133,13 +135,24 @@ def ingest(body: bytes, content_type: str, gzipped: bool) -> Stored:
 
 
 def _gunzip(body: bytes, limit: int) -> bytes:
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        out = inflater.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise PayloadError(f"body is not valid gzip: {exc}") from None
-    if len(out) > limit or inflater.unconsumed_tail:
-        raise BodyTooLarge(f"decompressed body is over the limit of {limit} bytes")
-    if not inflater.eof:
-        raise PayloadError("gzip body is truncated")
-    return out
+    """Every member of a gzip body, in order (RFC 1952 allows several), within `limit` bytes decompressed."""
+    members: list[bytes] = []
+    size, rest = 0, body
+    while True:
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            out = inflater.decompress(rest, limit - size + 1)
+        except zlib.error as exc:
+            raise PayloadError(f"body is not valid gzip at byte {len(body) - len(rest)}: {exc}") from None
+        size += len(out)
+        if size > limit or inflater.unconsumed_tail:
+            raise BodyTooLarge(f"decompressed body is over the limit of {limit} bytes")
+        if not inflater.eof:
+            raise PayloadError("gzip body is truncated")
+        members.append(out)
+        rest = inflater.unused_data
+        if not rest:
+            return members[0] if len(members) == 1 else b"".join(members)
+        if not rest.startswith(_GZIP_MAGIC):
+            raise PayloadError(f"{len(rest)} bytes after the gzip member that ends at byte {len(body) - len(rest)} "
+                               "are not a gzip member")

@@ -123,6 +123,20 @@ def test_gzip_bomb_and_broken_gzip(collector) -> None:  # type: ignore[no-untype
     assert "not valid gzip" in refused(collector, b"\x1f\x8b garbage", {**PROTOBUF, "Content-Encoding": "gzip"}, 400)
 
 
+def test_every_gzip_member_is_stored_and_trailing_bytes_are_refused(collector) -> None:  # type: ignore[no-untyped-def]
+    spans = [make_span("ab" * 16, f"{i + 1:016x}", "chat", {"gen_ai.operation.name": "chat"}) for i in range(10)]
+    two_members = gzip.compress(export_request(spans[:5])) + gzip.compress(export_request(spans[5:]))
+    before, _ = counts(collector.db_url)
+    response = httpx.post(f"{collector.url}/v1/traces", content=two_members,
+                          headers={**PROTOBUF, "Content-Encoding": "gzip"})
+    assert response.status_code == 200
+    assert counts(collector.db_url)[0] == before + 10
+
+    trailing = gzip.compress(export_request([make_span("ac" * 16, "01" * 8, "chat", {})])) + b"garbage"
+    message = refused(collector, trailing, {**PROTOBUF, "Content-Encoding": "gzip"}, 400)
+    assert "7 bytes after the gzip member" in message
+
+
 def test_gzip_body_is_accepted(collector) -> None:  # type: ignore[no-untyped-def]
     span = make_span("aa" * 16, "00f067aa0ba90300", "chat", {"gen_ai.operation.name": "chat"})
     response = httpx.post(f"{collector.url}/v1/traces", content=gzip.compress(export_request([span])),
