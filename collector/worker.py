@@ -11,7 +11,10 @@ from __future__ import annotations
 import atexit
 import gc
 import logging
+import multiprocessing
+import os
 import signal
+import threading
 import time
 import zlib
 from dataclasses import dataclass
@@ -110,6 +113,7 @@ def start(config: WorkerConfig) -> None:
     # it is how a broken pool's processes are ended.)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    threading.Thread(target=_exit_with_parent, name="exit-with-parent", daemon=True).start()
     _worker = _Worker(config)
     atexit.register(_worker.close)
     # Spans are acyclic (dicts, lists, strings), so the cyclic collector finds nothing in them; at its default
@@ -119,6 +123,18 @@ def start(config: WorkerConfig) -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(70_000, 10, 10)
+
+
+def _exit_with_parent() -> None:
+    """Ends this process once the HTTP process is gone, however it ended: after a SIGKILL nothing else would (the
+    process holds both ends of its task queue's pipe), and an orphan would keep the store open forever. Waits on the
+    pipe multiprocessing keeps open to the parent, which closes when it dies; the wait holds no GIL."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+    parent.join()
+    log.warning("the collector's HTTP process is gone: this ingest process stops")
+    os._exit(1)
 
 
 def ready() -> int:

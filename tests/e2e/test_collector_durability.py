@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from google.rpc.status_pb2 import Status
 from sqlalchemy import text
@@ -173,3 +174,18 @@ def test_a_killed_ingest_process_is_replaced(tmp_path, start_collector) -> None:
     while len(_ingest_processes(collector.proc.pid)) != 2 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert len(_ingest_processes(collector.proc.pid)) == 2
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc to find the ingest processes")
+def test_ingest_processes_die_with_a_killed_collector(tmp_path, start_collector) -> None:  # type: ignore[no-untyped-def]
+    collector = start_collector(f"sqlite:///{tmp_path / 'orphans.db'}", workers=2)
+    assert collector.proc is not None
+    children = [psutil.Process(pid) for pid in _ingest_processes(collector.proc.pid)]
+    assert len(children) == 2
+    os.kill(collector.proc.pid, signal.SIGKILL)  # the collector alone, not its process group
+    collector.proc.wait()
+
+    _, alive = psutil.wait_procs(children, timeout=20)
+    for orphan in alive:
+        orphan.kill()
+    assert not alive, f"{len(alive)} ingest processes outlived the collector"
