@@ -23,7 +23,8 @@ from tracemill.collector.decode import DECODERS, PayloadError
 from tracemill.collector.ingest import Ingestor, QueueFull
 from tracemill.collector.keys import KeyChecker
 from tracemill.collector.worker import BodyTooLarge, NotStored, Stored, WorkerConfig
-from tracemill.store.engine import make_engine
+from tracemill.store.engine import make_engine, ping
+from tracemill.store.errors import StoreUnavailable
 
 _INVALID_ARGUMENT = 3
 _UNAUTHENTICATED = 16
@@ -124,10 +125,16 @@ def create_app(config: CollectorConfig) -> Starlette:
     def busy(reason: str, json_body: bool) -> Response:
         return _status(503, _UNAVAILABLE, f"collector is busy ({reason}); retry later", json_body, retry_after)
 
+    def store_unavailable(exc: Exception, json_body: bool) -> Response:
+        return _status(503, _UNAVAILABLE, f"the store is unavailable ({exc}); retry later", json_body, retry_after)
+
     async def traces(request: Request) -> Response:
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         json_body = _is_json(content_type)
-        refusal = await asyncio.to_thread(keys.check, request.headers.get("authorization"))
+        try:
+            refusal = await asyncio.to_thread(keys.check, request.headers.get("authorization"))
+        except StoreUnavailable as exc:
+            return store_unavailable(exc, json_body)
         if refusal:
             return _status(401, _UNAUTHENTICATED, refusal, json_body)
         if content_type not in DECODERS:
@@ -156,13 +163,18 @@ def create_app(config: CollectorConfig) -> Starlette:
         except PayloadError as exc:
             return _status(400, _INVALID_ARGUMENT, str(exc), json_body)
         except NotStored as exc:
-            return _status(503, _UNAVAILABLE, f"spans could not be stored ({exc}); nothing from this request was "
-                           "kept, retry later", json_body, retry_after)
+            return _status(503, _UNAVAILABLE, f"spans could not be stored ({exc}); retry later (spans sent again "
+                           "are stored once)", json_body, retry_after)
         finally:
             ingestor.release(reservation)
         return _success(stored, json_body)
 
     async def healthz(_: Request) -> Response:
+        try:
+            await asyncio.to_thread(ping, keys_engine)
+        except StoreUnavailable as exc:
+            return JSONResponse({"status": f"the store is unavailable ({exc})", "queued_spans": ingestor.queued_spans},
+                                status_code=503, headers=retry_after)
         return JSONResponse({"status": "ok", "queued_spans": ingestor.queued_spans})
 
     @asynccontextmanager

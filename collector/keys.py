@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 import threading
 import time
 
 from sqlalchemy import Engine, select, update
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from tracemill.store.errors import StoreUnavailable, describe
 from tracemill.store.tables import ApiKeyRow, utcnow
+
+log = logging.getLogger("tracemill.collector")
 
 KEY_PREFIX = "tm_"
 
@@ -41,7 +46,7 @@ def revoke_key(engine: Engine, key_id: int) -> bool:
 
 class KeyChecker:
     """Which keys are valid now, re-read from the store at most every `ttl` seconds (keys are made by another
-    process: `tracemill keys create`)."""
+    process: `tracemill keys create`). `check` raises StoreUnavailable when they cannot be read."""
 
     def __init__(self, engine: Engine, ttl: float = 2.0) -> None:
         self.engine = engine
@@ -49,16 +54,27 @@ class KeyChecker:
         self._hashes: frozenset[str] = frozenset()
         self._enforced = False  # once any key was made, even one since revoked, requests need a valid key
         self._loaded_at = float("-inf")
+        self._failing = False
         self._lock = threading.Lock()
 
     def _refresh(self) -> None:
         with self._lock:
-            if time.monotonic() - self._loaded_at > self.ttl:
+            if time.monotonic() - self._loaded_at <= self.ttl:
+                return
+            try:
                 with self.engine.connect() as conn:
                     rows = conn.execute(select(ApiKeyRow.key_hash, ApiKeyRow.revoked_at)).all()
-                self._hashes = frozenset(h for h, revoked in rows if revoked is None)
-                self._enforced = bool(rows)
-                self._loaded_at = time.monotonic()
+            except SQLAlchemyError as exc:
+                if not self._failing:
+                    log.error("the store is unavailable: %s", describe(exc))
+                    self._failing = True
+                raise StoreUnavailable(type(exc).__name__) from None
+            if self._failing:
+                log.warning("the store answers again")
+                self._failing = False
+            self._hashes = frozenset(h for h, revoked in rows if revoked is None)
+            self._enforced = bool(rows)
+            self._loaded_at = time.monotonic()
 
     def check(self, authorization: str | None) -> str | None:
         """None when the request may proceed, else why not."""

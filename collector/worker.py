@@ -24,6 +24,7 @@ from sqlalchemy.exc import OperationalError
 from tracemill.collector.decode import DECODERS, Limits, PayloadError
 from tracemill.collector.persist import Prepared, SpanWriter
 from tracemill.store.engine import make_engine
+from tracemill.store.errors import describe
 from tracemill.store.sqlite_writer import WriteLock, database_path
 
 log = logging.getLogger("tracemill.collector")
@@ -52,7 +53,7 @@ class BodyTooLarge(ValueError):
 
 class NotStored(RuntimeError):
     """The store refused the write. The message names the kind of error only: the store's own message can quote the
-    statement and its values (and the exception may not pickle); the ingest process logs it whole."""
+    statement and its values (and the exception may not pickle); the ingest process logs what `describe` says."""
 
 
 class _Worker:
@@ -72,7 +73,7 @@ class _Worker:
             try:
                 self._commit(batch)
             except Exception as exc:
-                log.exception("request of %d spans not stored", len(decoded.spans))
+                log.error("request of %d spans not stored: %s", len(decoded.spans), describe(exc))
                 raise NotStored(type(exc).__name__) from None
         return Stored(len(decoded.spans), decoded.rejected)
 

@@ -8,13 +8,15 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from sqlalchemy import Engine, text
 
 from tracemill.net import free_port
 from tracemill.otlp import key_values
@@ -165,3 +167,18 @@ def chromium(profile: Path, width: int = 1440, height: int = 1000):  # type: ign
                  "--disable-dev-shm-usage", f"--user-data-dir={profile}", f"--window-size={width},{height}"):
         options.add_argument(flag)
     return webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
+
+
+@contextmanager
+def refused_connections(admin: Engine, database: str) -> Iterator[None]:
+    """An outage of PostgreSQL database `database`: its open connections are terminated and new ones refused, until
+    the block ends. `admin` is an AUTOCOMMIT engine on another database of the same server."""
+    with admin.connect() as conn:
+        conn.execute(text(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false'))
+        conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :name"),
+                     {"name": database})
+    try:
+        yield
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true'))

@@ -8,6 +8,9 @@ import orjson
 from sqlalchemy import Engine, Insert, Table, create_engine, event
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
+
+from tracemill.store.errors import StoreUnavailable
 
 
 class StoreURLError(ValueError):
@@ -52,16 +55,27 @@ def insert_ignoring_duplicates(table: Table, dialect: str) -> Insert:
 
 
 def make_engine(url: str, writer: bool = False) -> Engine:
-    """`writer`: for a process that writes continuously (the collector) and checkpoints a SQLite WAL itself."""
+    """`writer`: for a process that writes continuously (the collector) and checkpoints a SQLite WAL itself.
+    Errors never show the statement's values (span contents): `hide_parameters`."""
     try:
         parsed = make_url(url)
     except Exception as exc:
         raise StoreURLError(f"database URL {url!r} is not a valid SQLAlchemy URL: {exc}") from exc
     if parsed.get_backend_name() == "sqlite":
         engine = create_engine(parsed, connect_args={"check_same_thread": False, "timeout": 60},
-                               json_serializer=json_text, json_deserializer=orjson.loads)
+                               json_serializer=json_text, json_deserializer=orjson.loads, hide_parameters=True)
         event.listen(engine, "connect", _sqlite_pragmas)
         if writer:
             event.listen(engine, "connect", _sqlite_writer_pragmas)
         return engine
-    return create_engine(parsed, pool_pre_ping=True, json_serializer=json_text, json_deserializer=orjson.loads)
+    return create_engine(parsed, pool_pre_ping=True, json_serializer=json_text, json_deserializer=orjson.loads,
+                         hide_parameters=True)
+
+
+def ping(engine: Engine) -> None:
+    """Raises StoreUnavailable unless the store answers a query now."""
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+    except SQLAlchemyError as exc:
+        raise StoreUnavailable(type(exc).__name__) from None
