@@ -192,9 +192,11 @@ def _json_id(value: Any, size: int, where: str, optional: bool = False) -> str |
     if not isinstance(value, str) or len(value) != size * 2:
         raise PayloadError(f"{where}: expected {size * 2} hex digits, got {_preview(value)}")
     try:
-        bytes.fromhex(value)
+        digits = bytes.fromhex(value)
     except ValueError:
-        raise PayloadError(f"{where}: expected {size * 2} hex digits, got {_preview(value)}") from None
+        digits = b""
+    if len(digits) != size:  # fromhex skips spaces
+        raise PayloadError(f"{where}: expected {size * 2} hex digits, got {_preview(value)}")
     return value.lower()
 
 

@@ -91,6 +91,9 @@ def test_bad_ids_refuse_the_whole_request(collector) -> None:  # type: ignore[no
     message = refused(collector, json_request(json_span(), json_span(span_id="not-hex-at-all!")), JSON, 400)
     assert message.startswith("resourceSpans[0].scopeSpans[0].spans[1].spanId: expected 16 hex digits")
 
+    message = refused(collector, json_request(json_span(trace_id="5b8efff798038103 d269b633813fc6 ")), JSON, 400)
+    assert message.startswith("resourceSpans[0].scopeSpans[0].spans[0].traceId: expected 32 hex digits")
+
 
 @pytest.mark.parametrize("value, expected", [
     ({"intValue": "twelve"}, "expected an integer"),
