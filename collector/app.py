@@ -74,8 +74,8 @@ def _status(http: int, code: int, message: str, json_body: bool, headers: dict[s
 
 
 def _success(stored: Stored, json_body: bool) -> Response:
-    rejected = len(stored.rejected)
-    message = "; ".join(stored.rejected[:5]) + (f"; and {rejected - 5} more" if rejected > 5 else "")
+    rejected, reasons = stored.rejected, stored.reasons
+    message = "; ".join(reasons[:5]) + (f"; and {len(reasons) - 5} more" if len(reasons) > 5 else "")
     if json_body:
         body = {"partialSuccess": {"rejectedSpans": str(rejected), "errorMessage": message}} if rejected else {}
         return Response(orjson.dumps(body), media_type="application/json")

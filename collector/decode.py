@@ -1,8 +1,12 @@
 """OTLP/HTTP trace payloads (protobuf or JSON) decoded into SpanRecords, with every problem named by where it is.
 
-A payload that cannot be read, or holds a malformed span (ids of the wrong size, attributes of the wrong type, an
-attribute over the size limit), is refused whole: `PayloadError`. Spans that are well-formed but invalid by the OTLP
-specification (all-zero ids, an end before the start) are rejected one by one and reported as a partial success.
+A payload that cannot be read, or holds a malformed span (ids of the wrong size or not hex, attributes of the wrong
+type), is refused whole: `PayloadError`. A well-formed span that is invalid by the OTLP specification (all-zero ids, an
+end before the start), over a limit (an attribute's size, count or nesting) or holding a value the store cannot keep
+(a time outside 0 to 2^63 - 1 ns, an integer outside int64, a NUL character in a string) is rejected alone and
+reported as a partial success, and its neighbours are stored; a fault in a resource or a scope rejects the spans under
+it. PostgreSQL refuses NUL characters; they are refused on SQLite too, so that a request gets the same answer from
+either store.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
 MAX_ATTRIBUTES = 10_000
 MAX_DEPTH = 32
+_INT64 = 2**63
+_INT32 = 2**31
 _SPAN_KINDS = {"SPAN_KIND_UNSPECIFIED": 0, "SPAN_KIND_INTERNAL": 1, "SPAN_KIND_SERVER": 2, "SPAN_KIND_CLIENT": 3,
                "SPAN_KIND_PRODUCER": 4, "SPAN_KIND_CONSUMER": 5}
 _STATUS_CODES = {"STATUS_CODE_UNSET": 0, "STATUS_CODE_OK": 1, "STATUS_CODE_ERROR": 2}
@@ -31,10 +37,20 @@ class PayloadError(ValueError):
     """The request cannot be stored; the message says what is wrong and where."""
 
 
+class SpanError(ValueError):
+    """This span (or every span under this resource or scope) cannot be stored; the message says why and where."""
+
+
 @dataclass(slots=True)
 class Decoded:
     spans: list[SpanRecord] = field(default_factory=list)
-    rejected: list[str] = field(default_factory=list)  # one message per rejected span
+    places: list[str] = field(default_factory=list)  # where each of `spans` is in the request
+    rejected: int = 0  # spans
+    reasons: list[str] = field(default_factory=list)  # why, one message per rejected span or group of spans
+
+    def reject(self, reason: str, spans: int = 1) -> None:
+        self.rejected += spans
+        self.reasons.append(reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,25 +60,38 @@ class Limits:
     def checked(self, value: str | bytes, where: str) -> Any:
         if len(value) > self.max_attribute_bytes:
             unit = "bytes" if isinstance(value, bytes) else "characters"
-            raise PayloadError(f"{where}: attribute value of {len(value)} {unit} is over the limit of "
-                               f"{self.max_attribute_bytes}")
-        return value
+            raise SpanError(f"{where}: attribute value of {len(value)} {unit} is over the limit of "
+                            f"{self.max_attribute_bytes}")
+        return _text(value, where) if isinstance(value, str) else value
+
+
+def _text(value: str, where: str) -> str:
+    if "\x00" in value:
+        raise SpanError(f"{where}: holds a NUL character (U+0000), which the store cannot keep")
+    return value
+
+
+def _time(value: int, where: str) -> int:
+    if not 0 <= value < _INT64:
+        raise SpanError(f"{where}: {value} ns is not a time the store can keep (0 to 2^63 - 1 ns, before 2262)")
+    return value
 
 
 def _check_span(span: SpanRecord, where: str, out: Decoded) -> None:
     if span.trace_id == _ZERO_TRACE or span.span_id == _ZERO_SPAN:
-        out.rejected.append(f"{where}: trace id and span id must not be all zeros")
+        out.reject(f"{where}: trace id and span id must not be all zeros")
     elif span.end_time_ns and span.start_time_ns and span.end_time_ns < span.start_time_ns:
-        out.rejected.append(f"{where}: ends ({span.end_time_ns}) before it starts ({span.start_time_ns})")
+        out.reject(f"{where}: ends ({span.end_time_ns}) before it starts ({span.start_time_ns})")
     else:
         out.spans.append(span)
+        out.places.append(where)
 
 
 # ---- protobuf ---------------------------------------------------------------------------------------------------
 
 def _pb_value(value: Any, limits: Limits, where: str, depth: int = 0) -> Any:
     if depth > MAX_DEPTH:
-        raise PayloadError(f"{where}: attribute nested deeper than {MAX_DEPTH} levels")
+        raise SpanError(f"{where}: attribute nested deeper than {MAX_DEPTH} levels")
     kind = value.WhichOneof("value")
     if kind == "string_value":
         return limits.checked(value.string_value, where)
@@ -77,23 +106,26 @@ def _pb_value(value: Any, limits: Limits, where: str, depth: int = 0) -> Any:
     if kind == "array_value":
         return [_pb_value(v, limits, f"{where}[{i}]", depth + 1) for i, v in enumerate(value.array_value.values)]
     if kind == "kvlist_value":
-        return {kv.key: _pb_value(kv.value, limits, f"{where}.{kv.key}", depth + 1) for kv in value.kvlist_value.values}
+        return {_text(kv.key, f"{where}.{kv.key!r}"): _pb_value(kv.value, limits, f"{where}.{kv.key}", depth + 1)
+                for kv in value.kvlist_value.values}
     return None
 
 
 def _pb_attributes(attributes: Any, limits: Limits, where: str, field: str) -> dict[str, Any]:
     """`where` + `field` locate the attributes; the location is only built for an error (this is the hot loop)."""
     if len(attributes) > MAX_ATTRIBUTES:
-        raise PayloadError(f"{where}{field}: {len(attributes)} attributes, more than the limit of {MAX_ATTRIBUTES}")
+        raise SpanError(f"{where}{field}: {len(attributes)} attributes, more than the limit of {MAX_ATTRIBUTES}")
     out: dict[str, Any] = {}
     limit = limits.max_attribute_bytes
     for kv in attributes:
-        value = kv.value
+        key, value = kv.key, kv.value
+        if "\x00" in key:
+            _text(key, f"{where}{field}[{key!r}]")
         text = value.string_value  # "" unless the value is a non-empty string, the common case
-        if text:
-            out[kv.key] = text if len(text) <= limit else limits.checked(text, f"{where}{field}[{kv.key!r}]")
+        if text and len(text) <= limit and "\x00" not in text:
+            out[key] = text
         else:
-            out[kv.key] = _pb_value(value, limits, f"{where}{field}[{kv.key!r}]")
+            out[key] = _pb_value(value, limits, f"{where}{field}[{key!r}]")
     return out
 
 
@@ -108,41 +140,63 @@ def decode_protobuf(body: bytes, limits: Limits) -> Decoded:
         raise PayloadError(f"body is not a protobuf ExportTraceServiceRequest: {exc}") from exc
     out = Decoded()
     for i, resource_spans in enumerate(request.resource_spans):
-        resource = _pb_attributes(resource_spans.resource.attributes, limits, f"resourceSpans[{i}]",
-                                  ".resource.attributes")
+        try:
+            resource = _pb_attributes(resource_spans.resource.attributes, limits, f"resourceSpans[{i}]",
+                                      ".resource.attributes")
+        except SpanError as exc:
+            out.reject(str(exc), sum(len(scope_spans.spans) for scope_spans in resource_spans.scope_spans))
+            continue
         for j, scope_spans in enumerate(resource_spans.scope_spans):
             scope = scope_spans.scope
+            try:
+                scope_name = _text(scope.name, f"resourceSpans[{i}].scopeSpans[{j}].scope.name")
+                scope_version = _text(scope.version, f"resourceSpans[{i}].scopeSpans[{j}].scope.version")
+            except SpanError as exc:
+                out.reject(str(exc), len(scope_spans.spans))
+                continue
             for k, span in enumerate(scope_spans.spans):
                 where = f"resourceSpans[{i}].scopeSpans[{j}].spans[{k}]"
-                trace_id, span_id, parent = span.trace_id, span.span_id, span.parent_span_id
-                record = SpanRecord(
-                    trace_id=trace_id.hex() if len(trace_id) == 16 else _bad_id(trace_id, 16, where, ".traceId"),
-                    span_id=span_id.hex() if len(span_id) == 8 else _bad_id(span_id, 8, where, ".spanId"),
-                    parent_span_id=(parent.hex() if len(parent) == 8
-                                    else _bad_id(parent, 8, where, ".parentSpanId") if parent else None),
-                    name=span.name,
-                    kind=span.kind,
-                    start_time_ns=span.start_time_unix_nano,
-                    end_time_ns=span.end_time_unix_nano,
-                    status_code=span.status.code,
-                    status_message=span.status.message,
-                    attributes=_pb_attributes(span.attributes, limits, where, ".attributes"),
-                    resource=resource,
-                    scope_name=scope.name,
-                    scope_version=scope.version,
-                    events=[
-                        {"name": e.name, "time_ns": e.time_unix_nano,
-                         "attributes": _pb_attributes(e.attributes, limits, where, f".events[{n}].attributes")}
-                        for n, e in enumerate(span.events)
-                    ] if span.events else [],
-                    links=[
-                        {"trace_id": link.trace_id.hex(), "span_id": link.span_id.hex(),
-                         "attributes": _pb_attributes(link.attributes, limits, where, f".links[{n}].attributes")}
-                        for n, link in enumerate(span.links)
-                    ] if span.links else [],
-                )
-                _check_span(record, where, out)
+                try:
+                    record = _pb_span(span, where, limits, resource, scope_name, scope_version)
+                except SpanError as exc:
+                    out.reject(str(exc))
+                else:
+                    _check_span(record, where, out)
     return out
+
+
+def _pb_span(span: Any, where: str, limits: Limits, resource: dict[str, Any], scope_name: str,
+             scope_version: str) -> SpanRecord:
+    trace_id, span_id, parent = span.trace_id, span.span_id, span.parent_span_id
+    name, start, end, status = span.name, span.start_time_unix_nano, span.end_time_unix_nano, span.status
+    message = status.message
+    return SpanRecord(
+        trace_id=trace_id.hex() if len(trace_id) == 16 else _bad_id(trace_id, 16, where, ".traceId"),
+        span_id=span_id.hex() if len(span_id) == 8 else _bad_id(span_id, 8, where, ".spanId"),
+        parent_span_id=(parent.hex() if len(parent) == 8
+                        else _bad_id(parent, 8, where, ".parentSpanId") if parent else None),
+        name=name if "\x00" not in name else _text(name, f"{where}.name"),
+        kind=span.kind,
+        start_time_ns=start if start < _INT64 else _time(start, f"{where}.startTimeUnixNano"),
+        end_time_ns=end if end < _INT64 else _time(end, f"{where}.endTimeUnixNano"),
+        status_code=status.code,
+        status_message=message if "\x00" not in message else _text(message, f"{where}.status.message"),
+        attributes=_pb_attributes(span.attributes, limits, where, ".attributes"),
+        resource=resource,
+        scope_name=scope_name,
+        scope_version=scope_version,
+        events=[
+            {"name": _text(e.name, f"{where}.events[{n}].name"),
+             "time_ns": _time(e.time_unix_nano, f"{where}.events[{n}].timeUnixNano"),
+             "attributes": _pb_attributes(e.attributes, limits, where, f".events[{n}].attributes")}
+            for n, e in enumerate(span.events)
+        ] if span.events else [],
+        links=[
+            {"trace_id": link.trace_id.hex(), "span_id": link.span_id.hex(),
+             "attributes": _pb_attributes(link.attributes, limits, where, f".links[{n}].attributes")}
+            for n, link in enumerate(span.links)
+        ] if span.links else [],
+    )
 
 
 # ---- JSON (OTLP/JSON: lowerCamelCase keys, hex ids, int64 as strings) ---------------------------------------------
@@ -180,10 +234,21 @@ def _json_int(value: Any, where: str, default: int = 0) -> int:
     raise PayloadError(f"{where}: expected an integer (or its decimal string), got {_preview(value)}")
 
 
+def _json_ranged(value: Any, where: str, bound: int, what: str) -> int:
+    number = _json_int(value, where)
+    if not -bound <= number < bound:
+        raise SpanError(f"{where}: {number} is outside {what}")
+    return number
+
+
+def _json_time(value: Any, where: str) -> int:
+    return _time(_json_int(value, where), where)
+
+
 def _json_enum(value: Any, names: Mapping[str, int], where: str) -> int:
     if isinstance(value, str) and value in names:
         return names[value]
-    return _json_int(value, where)
+    return _json_ranged(value, where, _INT32, "int32")
 
 
 def _json_id(value: Any, size: int, where: str, optional: bool = False) -> str | None:
@@ -202,7 +267,7 @@ def _json_id(value: Any, size: int, where: str, optional: bool = False) -> str |
 
 def _json_value(value: Any, limits: Limits, where: str, depth: int = 0) -> Any:
     if depth > MAX_DEPTH:
-        raise PayloadError(f"{where}: attribute nested deeper than {MAX_DEPTH} levels")
+        raise SpanError(f"{where}: attribute nested deeper than {MAX_DEPTH} levels")
     _expect(value, dict, where, "an AnyValue object")
     if not value:
         return None
@@ -212,7 +277,7 @@ def _json_value(value: Any, limits: Limits, where: str, depth: int = 0) -> Any:
     if kind in ("stringValue", "string_value"):
         return limits.checked(_expect(inner, str, where, "a string"), where)
     if kind in ("intValue", "int_value"):
-        return _json_int(inner, where)
+        return _json_ranged(inner, where, _INT64, "int64")
     if kind in ("boolValue", "bool_value"):
         return _expect(inner, bool, where, "a boolean")
     if kind in ("doubleValue", "double_value"):
@@ -235,11 +300,11 @@ def _json_attributes(items: Any, limits: Limits, where: str, depth: int = 0) -> 
         return {}
     _expect(items, list, where, "a list of key/value objects")
     if len(items) > MAX_ATTRIBUTES:
-        raise PayloadError(f"{where}: {len(items)} attributes, more than the limit of {MAX_ATTRIBUTES}")
+        raise SpanError(f"{where}: {len(items)} attributes, more than the limit of {MAX_ATTRIBUTES}")
     out: dict[str, Any] = {}
     for n, item in enumerate(items):
         _expect(item, dict, f"{where}[{n}]", "a key/value object")
-        key = _expect(item.get("key"), str, f"{where}[{n}].key", "a string")
+        key = _text(_expect(item.get("key"), str, f"{where}[{n}].key", "a string"), f"{where}[{n}].key")
         out[key] = _json_value(item.get("value", {}), limits, f"{where}[{key!r}]", depth)
     return out
 
@@ -259,45 +324,69 @@ def decode_json(body: bytes, limits: Limits) -> Decoded:
         rs_where = f"resourceSpans[{i}]"
         _expect(rs, dict, rs_where, "an object")
         resource_obj = _expect(rs.get("resource") or {}, dict, f"{rs_where}.resource", "an object")
-        resource = _json_attributes(resource_obj.get("attributes"), limits, f"{rs_where}.resource.attributes")
-        for j, ss in enumerate(_json_list(rs, "scopeSpans", "scope_spans", rs_where)):
+        scope_spans = _json_list(rs, "scopeSpans", "scope_spans", rs_where)
+        try:
+            resource = _json_attributes(resource_obj.get("attributes"), limits, f"{rs_where}.resource.attributes")
+        except SpanError as exc:
+            out.reject(str(exc), sum(len(_json_list(ss, "spans", "spans", rs_where)) for ss in scope_spans
+                                     if isinstance(ss, dict)))
+            continue
+        for j, ss in enumerate(scope_spans):
             ss_where = f"{rs_where}.scopeSpans[{j}]"
             _expect(ss, dict, ss_where, "an object")
             scope = _expect(ss.get("scope") or {}, dict, f"{ss_where}.scope", "an object")
-            for k, span in enumerate(_json_list(ss, "spans", "spans", ss_where)):
+            spans = _json_list(ss, "spans", "spans", ss_where)
+            try:
+                scope_name = _text(_expect(scope.get("name", ""), str, f"{ss_where}.scope.name", "a string"),
+                                   f"{ss_where}.scope.name")
+                scope_version = _text(_expect(scope.get("version", ""), str, f"{ss_where}.scope.version",
+                                              "a string"), f"{ss_where}.scope.version")
+            except SpanError as exc:
+                out.reject(str(exc), len(spans))
+                continue
+            for k, span in enumerate(spans):
                 where = f"{ss_where}.spans[{k}]"
-                _expect(span, dict, where, "a span object")
-                status = _expect(span.get("status") or {}, dict, f"{where}.status", "an object")
-                record = SpanRecord(
-                    trace_id=_json_id(_field(span, "traceId", "trace_id"), 16, f"{where}.traceId") or "",
-                    span_id=_json_id(_field(span, "spanId", "span_id"), 8, f"{where}.spanId") or "",
-                    parent_span_id=_json_id(_field(span, "parentSpanId", "parent_span_id"), 8,
-                                            f"{where}.parentSpanId", optional=True),
-                    name=_expect(span.get("name", ""), str, f"{where}.name", "a string"),
-                    kind=_json_enum(span.get("kind", 0), _SPAN_KINDS, f"{where}.kind"),
-                    start_time_ns=_json_int(_field(span, "startTimeUnixNano", "start_time_unix_nano"),
-                                            f"{where}.startTimeUnixNano"),
-                    end_time_ns=_json_int(_field(span, "endTimeUnixNano", "end_time_unix_nano"),
-                                          f"{where}.endTimeUnixNano"),
-                    status_code=_json_enum(status.get("code", 0), _STATUS_CODES, f"{where}.status.code"),
-                    status_message=_expect(status.get("message", ""), str, f"{where}.status.message", "a string"),
-                    attributes=_json_attributes(span.get("attributes"), limits, f"{where}.attributes"),
-                    resource=resource,
-                    scope_name=_expect(scope.get("name", ""), str, f"{ss_where}.scope.name", "a string"),
-                    scope_version=_expect(scope.get("version", ""), str, f"{ss_where}.scope.version", "a string"),
-                    events=[_json_event(e, limits, f"{where}.events[{n}]")
-                            for n, e in enumerate(_json_list(span, "events", "events", where))],
-                    links=[_json_link(link, limits, f"{where}.links[{n}]")
-                           for n, link in enumerate(_json_list(span, "links", "links", where))],
-                )
-                _check_span(record, where, out)
+                try:
+                    record = _json_span(span, where, limits, resource, scope_name, scope_version)
+                except SpanError as exc:
+                    out.reject(str(exc))
+                else:
+                    _check_span(record, where, out)
     return out
+
+
+def _json_span(span: Any, where: str, limits: Limits, resource: dict[str, Any], scope_name: str,
+               scope_version: str) -> SpanRecord:
+    _expect(span, dict, where, "a span object")
+    status = _expect(span.get("status") or {}, dict, f"{where}.status", "an object")
+    return SpanRecord(
+        trace_id=_json_id(_field(span, "traceId", "trace_id"), 16, f"{where}.traceId") or "",
+        span_id=_json_id(_field(span, "spanId", "span_id"), 8, f"{where}.spanId") or "",
+        parent_span_id=_json_id(_field(span, "parentSpanId", "parent_span_id"), 8, f"{where}.parentSpanId",
+                                optional=True),
+        name=_text(_expect(span.get("name", ""), str, f"{where}.name", "a string"), f"{where}.name"),
+        kind=_json_enum(span.get("kind", 0), _SPAN_KINDS, f"{where}.kind"),
+        start_time_ns=_json_time(_field(span, "startTimeUnixNano", "start_time_unix_nano"),
+                                 f"{where}.startTimeUnixNano"),
+        end_time_ns=_json_time(_field(span, "endTimeUnixNano", "end_time_unix_nano"), f"{where}.endTimeUnixNano"),
+        status_code=_json_enum(status.get("code", 0), _STATUS_CODES, f"{where}.status.code"),
+        status_message=_text(_expect(status.get("message", ""), str, f"{where}.status.message", "a string"),
+                             f"{where}.status.message"),
+        attributes=_json_attributes(span.get("attributes"), limits, f"{where}.attributes"),
+        resource=resource,
+        scope_name=scope_name,
+        scope_version=scope_version,
+        events=[_json_event(e, limits, f"{where}.events[{n}]")
+                for n, e in enumerate(_json_list(span, "events", "events", where))],
+        links=[_json_link(link, limits, f"{where}.links[{n}]")
+               for n, link in enumerate(_json_list(span, "links", "links", where))],
+    )
 
 
 def _json_event(event: Any, limits: Limits, where: str) -> dict[str, Any]:
     _expect(event, dict, where, "an event object")
-    return {"name": _expect(event.get("name", ""), str, f"{where}.name", "a string"),
-            "time_ns": _json_int(_field(event, "timeUnixNano", "time_unix_nano"), f"{where}.timeUnixNano"),
+    return {"name": _text(_expect(event.get("name", ""), str, f"{where}.name", "a string"), f"{where}.name"),
+            "time_ns": _json_time(_field(event, "timeUnixNano", "time_unix_nano"), f"{where}.timeUnixNano"),
             "attributes": _json_attributes(event.get("attributes"), limits, f"{where}.attributes")}
 
 

@@ -16,13 +16,15 @@ import os
 import signal
 import threading
 import time
+import traceback
 import zlib
 from dataclasses import dataclass
 
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, OperationalError, SQLAlchemyError, StatementError
 
-from tracemill.collector.decode import DECODERS, Limits, PayloadError
+from tracemill.collector.decode import DECODERS, Decoded, Limits, PayloadError
 from tracemill.collector.persist import Prepared, SpanWriter
+from tracemill.spans import SpanRecord
 from tracemill.store.engine import make_engine
 from tracemill.store.errors import describe
 from tracemill.store.sqlite_writer import WriteLock, database_path
@@ -44,7 +46,8 @@ class Stored:
     """What the HTTP process needs to answer: the spans committed and the ones rejected, with why."""
 
     spans: int
-    rejected: list[str]
+    rejected: int
+    reasons: list[str]  # one per rejected span or group of spans
 
 
 class BodyTooLarge(ValueError):
@@ -68,14 +71,30 @@ class _Worker:
         if gzipped:
             body = _gunzip(body, self.config.max_body_bytes)
         decoded = DECODERS[content_type](body, self.limits)
-        if decoded.spans:
-            batch = self.writer.prepare(decoded.spans)
-            try:
-                self._commit(batch)
-            except Exception as exc:
-                log.error("request of %d spans not stored: %s", len(decoded.spans), describe(exc))
+        rejected = decoded.rejected
+        self._store(decoded.spans, decoded.places, decoded)
+        return Stored(len(decoded.spans) - (decoded.rejected - rejected), decoded.rejected, decoded.reasons)
+
+    def _store(self, spans: list[SpanRecord], places: list[str], out: Decoded) -> None:
+        """Commits `spans`. When their values are what fails (the store refuses them, or their rows cannot be built),
+        writing them again would fail again: the batch is halved until the spans at fault are found, and only those
+        are rejected (in `out`)."""
+        if not spans:
+            return
+        try:
+            self._commit(self.writer.prepare(spans))
+        except Exception as exc:
+            if not _caused_by_data(exc):
+                log.error("request of %d spans not stored: %s", len(spans), describe(exc))
                 raise NotStored(type(exc).__name__) from None
-        return Stored(len(decoded.spans), decoded.rejected)
+            if len(spans) > 1:
+                half = len(spans) // 2
+                self._store(spans[:half], places[:half], out)
+                self._store(spans[half:], places[half:], out)
+                return
+            frame = traceback.extract_tb(exc.__traceback__)[-1]
+            log.warning("%s rejected: %s (raised at %s:%d)", places[0], describe(exc), frame.filename, frame.lineno)
+            out.reject(f"{places[0]}: the store cannot keep it ({type(exc).__name__})")
 
     def _commit(self, batch: Prepared) -> None:
         for attempt in range(5):
@@ -149,6 +168,15 @@ def ingest(body: bytes, content_type: str, gzipped: bool) -> Stored:
     if _worker is None:
         raise RuntimeError("worker.start was not called in this process")
     return _worker.ingest(body, content_type, gzipped)
+
+
+def _caused_by_data(exc: Exception) -> bool:
+    """Whether the values written are what failed: the driver says so (DataError), a value could not be bound, or the
+    error is no store's nor the system's (turning spans into rows raised, or the driver could not convert a value).
+    Other store errors (connections, locks, the schema) are the store's, and worth a retry."""
+    if isinstance(exc, DataError) or (isinstance(exc, StatementError) and not isinstance(exc, DBAPIError)):
+        return True
+    return not isinstance(exc, (SQLAlchemyError, OSError, MemoryError))
 
 
 def _gunzip(body: bytes, limit: int) -> bytes:
