@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from tracemill.collector.body import Busy, InFlight, TooSlow, read_body
 from tracemill.collector.decode import DECODERS, PayloadError
 from tracemill.collector.ingest import Ingestor, QueueFull
 from tracemill.collector.keys import KeyChecker
@@ -27,6 +28,7 @@ from tracemill.store.engine import make_engine, ping
 from tracemill.store.errors import StoreUnavailable
 
 _INVALID_ARGUMENT = 3
+_DEADLINE_EXCEEDED = 4
 _UNAUTHENTICATED = 16
 _UNAVAILABLE = 14
 _RESOURCE_EXHAUSTED = 8
@@ -41,24 +43,7 @@ class CollectorConfig:
     max_queued_spans: int
     retry_after_seconds: int
     max_inflight_bytes: int
-
-
-class _InFlight:
-    """Bytes of request bodies being read now: bounded, so that a crowd of exporters cannot make the collector hold
-    more than the budget before the queue can refuse them."""
-
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
-        self.used = 0
-
-    def take(self, size: int) -> bool:
-        if self.used and self.used + size > self.budget:
-            return False
-        self.used += size
-        return True
-
-    def give_back(self, size: int) -> None:
-        self.used -= size
+    body_read_timeout_seconds: float
 
 
 def _is_json(content_type: str) -> bool:
@@ -86,19 +71,6 @@ def _success(stored: Stored, json_body: bool) -> Response:
     return Response(response.SerializeToString(), media_type="application/x-protobuf")
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge(f"request body of {declared} bytes is over the limit of {limit}")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(f"request body is over the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def app_from_settings(database_url: str | None = None, ingest_processes: int | None = None) -> Starlette:
     """The app as configured by the settings (TRACEMILL_* variables), for `uvicorn --factory` as much as for
     `tracemill collector`."""
@@ -110,7 +82,7 @@ def app_from_settings(database_url: str | None = None, ingest_processes: int | N
         ingest_processes=ingest_processes or settings.collector_workers,
         max_body_bytes=settings.max_body_bytes, max_attribute_bytes=settings.max_attribute_bytes,
         max_queued_spans=settings.ingest_queue_spans, retry_after_seconds=settings.retry_after_seconds,
-        max_inflight_bytes=settings.max_inflight_bytes,
+        max_inflight_bytes=settings.max_inflight_bytes, body_read_timeout_seconds=settings.body_read_timeout_seconds,
     ))
 
 
@@ -120,10 +92,11 @@ def create_app(config: CollectorConfig) -> Starlette:
     keys_engine = make_engine(config.database_url)
     keys = KeyChecker(keys_engine)
     retry_after = {"Retry-After": str(config.retry_after_seconds)}
-    inflight = _InFlight(config.max_inflight_bytes)
+    inflight = InFlight(config.max_inflight_bytes)
 
-    def busy(reason: str, json_body: bool) -> Response:
-        return _status(503, _UNAVAILABLE, f"collector is busy ({reason}); retry later", json_body, retry_after)
+    def busy(reason: str, json_body: bool, headers: dict[str, str] | None = None) -> Response:
+        return _status(503, _UNAVAILABLE, f"collector is busy ({reason}); retry later", json_body,
+                       {**retry_after, **(headers or {})})
 
     def store_unavailable(exc: Exception, json_body: bool) -> Response:
         return _status(503, _UNAVAILABLE, f"the store is unavailable ({exc}); retry later", json_body, retry_after)
@@ -149,15 +122,12 @@ def create_app(config: CollectorConfig) -> Starlette:
         except QueueFull as exc:
             return busy(str(exc), json_body)
         try:
-            declared = request.headers.get("content-length", "")
-            reserved = min(int(declared), config.max_body_bytes) if declared.isdigit() else config.max_body_bytes
-            if not inflight.take(reserved):
-                return busy(f"{inflight.used} bytes of requests are being read", json_body)
-            try:
-                body = await _read_body(request, config.max_body_bytes)
-            finally:
-                inflight.give_back(reserved)
+            body = await read_body(request, config.max_body_bytes, inflight, config.body_read_timeout_seconds)
             stored = await ingestor.ingest(body, content_type, encoding == "gzip")
+        except Busy as exc:  # the body may be partly unread: the connection cannot carry another request
+            return busy(str(exc), json_body, {"Connection": "close"})
+        except TooSlow as exc:
+            return _status(408, _DEADLINE_EXCEEDED, str(exc), json_body, {"Connection": "close"})
         except BodyTooLarge as exc:
             return _status(413, _RESOURCE_EXHAUSTED, str(exc), json_body)
         except PayloadError as exc:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -167,6 +169,43 @@ def chromium(profile: Path, width: int = 1440, height: int = 1000):  # type: ign
                  "--disable-dev-shm-usage", f"--user-data-dir={profile}", f"--window-size={width},{height}"):
         options.add_argument(flag)
     return webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
+
+
+class SlowUpload(threading.Thread):
+    """A client that sends the headers of a POST /v1/traces, then one byte of its body every `interval_s` until it is
+    answered: chunked when `declared` is None, else announcing a Content-Length of `declared` bytes."""
+
+    def __init__(self, port: int, declared: int | None = None, interval_s: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.port = port
+        self.declared = declared
+        self.interval_s = interval_s
+        self.sending = threading.Event()  # the headers and a first byte are sent
+        self.answer = b""  # what the collector answered, once it did
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        length = "Transfer-Encoding: chunked" if self.declared is None else f"Content-Length: {self.declared}"
+        byte = b"1\r\nx\r\n" if self.declared is None else b"x"
+        with socket.create_connection(("127.0.0.1", self.port)) as sock:
+            sock.sendall(f"POST /v1/traces HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-protobuf\r\n"
+                         f"{length}\r\n\r\n".encode() + byte)
+            self.sending.set()
+            sock.settimeout(self.interval_s)
+            while not self._done.is_set():
+                try:
+                    self.answer = sock.recv(65536)
+                    return
+                except TimeoutError:
+                    sock.sendall(byte)
+                except OSError:
+                    return
+
+    def status(self, timeout: float) -> int | None:
+        """The HTTP status the collector answered within `timeout` seconds, else None."""
+        self.join(timeout)
+        self._done.set()
+        return int(self.answer.split()[1]) if self.answer.startswith(b"HTTP/") else None
 
 
 @contextmanager

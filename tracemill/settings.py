@@ -45,7 +45,9 @@ class Settings(BaseSettings):
     ingest_queue_spans: int = Field(default=10_000,
                                     description="spans being read, decoded or written before 503")
     max_inflight_bytes: int = Field(default=16 * 1024 * 1024,
-                                    description="request bodies being read at once before 503")
+                                    description="bytes of request bodies being read at once before 503")
+    body_read_timeout_seconds: float = Field(default=30.0, gt=0,
+                                             description="a request body not received within this gets 408")
     retry_after_seconds: int = 1
     miner_api_key: str | None = Field(default=None, description="API key of the endpoint `mine-agent` talks to")
 

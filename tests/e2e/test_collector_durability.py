@@ -17,7 +17,7 @@ import pytest
 from google.rpc.status_pb2 import Status
 from sqlalchemy import text
 
-from support import chat_attributes, export_request, make_span
+from support import SlowUpload, chat_attributes, export_request, make_span
 from tracemill.store.engine import make_engine
 
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
@@ -116,22 +116,32 @@ def test_sigkill_under_load_loses_no_acknowledged_span(db_url: str, start_collec
     assert not lost, f"{len(lost)} acknowledged requests missing after SIGKILL"
 
 
-def test_bodies_being_read_are_bounded(tmp_path, start_collector) -> None:  # type: ignore[no-untyped-def]
-    """A slow or crowded sender cannot make the collector hold more request bytes than its budget."""
+def padded_body(n: int, spans: int) -> tuple[bytes, set[tuple[str, str]]]:
+    """Request number n: `spans` spans of about 1 kB each, with ids unique to this request."""
+    trace = f"{n + 1:032x}"
+    ids = [f"{n + 1:08x}{i + 1:08x}" for i in range(spans)]
+    return export_request([make_span(trace, i, "step", {"padding": "x" * 1000}) for i in ids]), {(trace, i) for i in ids}
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_bodies_being_read_are_bounded(tmp_path, start_collector, chunked: bool) -> None:  # type: ignore[no-untyped-def]
+    """A crowd of senders cannot make the collector hold more request bytes than its budget: what has arrived of the
+    bodies being read counts."""
     db_url = f"sqlite:///{tmp_path / 'inflight.db'}"
     collector = start_collector(db_url, TRACEMILL_MAX_BODY_BYTES="500000", TRACEMILL_MAX_INFLIGHT_BYTES="500000")
-    slow_body, slow_ids = request_body(0, 20)
-    quick_body, quick_ids = request_body(1, 20)
+    slow_body, slow_ids = padded_body(0, 420)
+    quick_body, quick_ids = padded_body(1, 200)
+    assert 400_000 < len(slow_body) < 500_000 and 150_000 < len(quick_body) < 300_000
     release = threading.Event()
 
     def trickle():  # type: ignore[no-untyped-def]
-        yield slow_body[:100]
+        yield slow_body[:400_000]
         release.wait(10)
-        yield slow_body[100:]
+        yield slow_body[400_000:]
 
-    # sent chunked, without a length: the collector must assume the largest body it accepts
+    headers = PROTOBUF if chunked else {**PROTOBUF, "Content-Length": str(len(slow_body))}
     with ThreadPoolExecutor(1) as pool:
-        slow = pool.submit(httpx.post, f"{collector.url}/v1/traces", content=trickle(), headers=PROTOBUF, timeout=30)
+        slow = pool.submit(httpx.post, f"{collector.url}/v1/traces", content=trickle(), headers=headers, timeout=30)
         time.sleep(1)
         refused = httpx.post(f"{collector.url}/v1/traces", content=quick_body, headers=PROTOBUF)
         release.set()
@@ -140,6 +150,30 @@ def test_bodies_being_read_are_bounded(tmp_path, start_collector) -> None:  # ty
     assert "bytes of requests are being read" in Status.FromString(refused.content).message
     assert httpx.post(f"{collector.url}/v1/traces", content=quick_body, headers=PROTOBUF).status_code == 200
     assert slow_ids | quick_ids <= stored_ids(db_url)
+
+
+def test_a_slow_upload_gets_408_and_others_are_served_meanwhile(tmp_path, start_collector) -> None:  # type: ignore[no-untyped-def]
+    """One sender trickling a byte at a time, chunked or announcing a body as large as the budget, holds only what it
+    sent, and only until the body read timeout."""
+    db_url = f"sqlite:///{tmp_path / 'slow.db'}"
+    collector = start_collector(db_url, TRACEMILL_MAX_BODY_BYTES="500000", TRACEMILL_MAX_INFLIGHT_BYTES="500000",
+                                TRACEMILL_BODY_READ_TIMEOUT_SECONDS="10")
+    slow = [SlowUpload(collector.port, declared=500_000), SlowUpload(collector.port)]
+    for upload in slow:
+        upload.start()
+        assert upload.sending.wait(10)
+
+    answers = []
+    for n in range(5):
+        body, ids = request_body(n, 20)
+        answers.append((httpx.post(f"{collector.url}/v1/traces", content=body, headers=PROTOBUF).status_code, ids))
+    still_sending = [upload.is_alive() for upload in slow]
+    statuses = [upload.status(timeout=60) for upload in slow]
+
+    assert [code for code, _ in answers] == [200] * 5
+    assert still_sending == [True, True], "the others were not served while the slow uploads were being read"
+    assert statuses == [408, 408]
+    assert set().union(*(ids for _, ids in answers)) == stored_ids(db_url)
 
 
 def _ingest_processes(collector_pid: int) -> list[int]:
