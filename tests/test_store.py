@@ -47,8 +47,18 @@ def test_collector_refuses_an_unmigrated_postgres_store(postgres_url: str) -> No
 
 
 def test_stats_on_a_missing_store_says_so(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    result = tracemill("stats", "--db", f"sqlite:///{tmp_path / 'nothing.db'}", "--json")
+    empty = tmp_path / "empty.db"
+    make_engine(f"sqlite:///{empty}").connect().close()
+    result = tracemill("stats", "--db", f"sqlite:///{empty}", "--json")
     assert result.returncode != 0 and "no Tracemill store" in result.stderr
+
+
+def test_stats_on_a_wrong_path_says_the_file_does_not_exist(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    missing = tmp_path / "typo.db"
+    for command in (["stats", "--json"], ["db", "current"]):
+        result = tracemill(*command, "--db", f"sqlite:///{missing}")
+        assert result.returncode != 0 and f"{missing} does not exist" in result.stderr, result.stderr
+    assert not missing.exists(), "a read-only command created the database"
 
 
 def test_bad_database_url_is_named() -> None:

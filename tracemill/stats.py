@@ -94,7 +94,7 @@ def stats(db_url: str | None, by: str | None, where: CallFilter, since: datetime
     from tracemill.store.engine import make_engine
     from tracemill.store.migrate import current_revision
 
-    engine = make_engine(resolve_db(db_url))
+    engine = make_engine(resolve_db(db_url), must_exist=True)
     if current_revision(engine) is None:
         raise click.ClickException(f"no Tracemill store at {engine.url.render_as_string(hide_password=True)} "
                                    "(start the collector on it, or run `tracemill db upgrade`)")

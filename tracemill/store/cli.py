@@ -95,5 +95,5 @@ def current(db_url: str | None) -> None:
     from tracemill.store.engine import make_engine
     from tracemill.store.migrate import current_revision, head_revision
 
-    engine = make_engine(resolve_db(db_url))
+    engine = make_engine(resolve_db(db_url), must_exist=True)
     click.echo(f"current: {current_revision(engine) or 'empty'}\nhead:    {head_revision()}")

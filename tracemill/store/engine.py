@@ -11,6 +11,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from tracemill.store.errors import StoreUnavailable
+from tracemill.store.sqlite_writer import database_path
 
 
 class StoreURLError(ValueError):
@@ -54,14 +55,18 @@ def insert_ignoring_duplicates(table: Table, dialect: str) -> Insert:
     return module.insert(table).on_conflict_do_nothing()
 
 
-def make_engine(url: str, writer: bool = False) -> Engine:
+def make_engine(url: str, writer: bool = False, must_exist: bool = False) -> Engine:
     """`writer`: for a process that writes continuously (the collector) and checkpoints a SQLite WAL itself.
-    Errors never show the statement's values (span contents): `hide_parameters`."""
+    `must_exist`: for commands that only read, to which a SQLite file that is not there is an error (SQLite would
+    create an empty one). Errors never show the statement's values (span contents): `hide_parameters`."""
     try:
         parsed = make_url(url)
     except Exception as exc:
         raise StoreURLError(f"database URL {url!r} is not a valid SQLAlchemy URL: {exc}") from exc
     if parsed.get_backend_name() == "sqlite":
+        path = database_path(url)
+        if must_exist and path is not None and not path.exists():
+            raise StoreURLError(f"no SQLite store at {url}: {path} does not exist")
         engine = create_engine(parsed, connect_args={"check_same_thread": False, "timeout": 60},
                                json_serializer=json_text, json_deserializer=orjson.loads, hide_parameters=True)
         event.listen(engine, "connect", _sqlite_pragmas)
