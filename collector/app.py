@@ -124,7 +124,7 @@ def create_app(config: CollectorConfig) -> Starlette:
         try:
             body = await read_body(request, config.max_body_bytes, inflight, config.body_read_timeout_seconds)
             stored = await ingestor.ingest(body, content_type, encoding == "gzip")
-        except Busy as exc:  # the body may be partly unread: the connection cannot carry another request
+        except Busy as exc:  # the rest of the body is not wanted: closing spares reading it
             return busy(str(exc), json_body, {"Connection": "close"})
         except TooSlow as exc:
             return _status(408, _DEADLINE_EXCEEDED, str(exc), json_body, {"Connection": "close"})

@@ -71,30 +71,29 @@ class _Worker:
         if gzipped:
             body = _gunzip(body, self.config.max_body_bytes)
         decoded = DECODERS[content_type](body, self.limits)
-        rejected = decoded.rejected
-        self._store(decoded.spans, decoded.places, decoded)
-        return Stored(len(decoded.spans) - (decoded.rejected - rejected), decoded.rejected, decoded.reasons)
+        committed = self._store(decoded.spans, decoded.places, decoded)
+        return Stored(committed, decoded.rejected, decoded.reasons)
 
-    def _store(self, spans: list[SpanRecord], places: list[str], out: Decoded) -> None:
-        """Commits `spans`. When their values are what fails (the store refuses them, or their rows cannot be built),
-        writing them again would fail again: the batch is halved until the spans at fault are found, and only those
-        are rejected (in `out`)."""
+    def _store(self, spans: list[SpanRecord], places: list[str], out: Decoded) -> int:
+        """Commits `spans` and returns how many were. When their values are what fails (the store refuses them, or
+        their rows cannot be built), writing them again would fail again: the batch is halved until the spans at
+        fault are found, and only those are rejected (in `out`)."""
         if not spans:
-            return
+            return 0
         try:
             self._commit(self.writer.prepare(spans))
+            return len(spans)
         except Exception as exc:
             if not _caused_by_data(exc):
                 log.error("request of %d spans not stored: %s", len(spans), describe(exc))
                 raise NotStored(type(exc).__name__) from None
             if len(spans) > 1:
                 half = len(spans) // 2
-                self._store(spans[:half], places[:half], out)
-                self._store(spans[half:], places[half:], out)
-                return
+                return self._store(spans[:half], places[:half], out) + self._store(spans[half:], places[half:], out)
             frame = traceback.extract_tb(exc.__traceback__)[-1]
             log.warning("%s rejected: %s (raised at %s:%d)", places[0], describe(exc), frame.filename, frame.lineno)
-            out.reject(f"{places[0]}: the store cannot keep it ({type(exc).__name__})")
+            out.reject(f"{places[0]}: the store cannot keep one of its values ({type(exc).__name__})")
+            return 0
 
     def _commit(self, batch: Prepared) -> None:
         for attempt in range(5):

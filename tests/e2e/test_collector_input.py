@@ -248,7 +248,7 @@ PROTOBUF_POISONS = {  # the poison span, and what the answer must name
     "NUL in an attribute key": (lambda t, s: make_span(t, s, "chat", {"no\x00te": "ab"}), ".attributes["),
     "an attribute over the limit": (lambda t, s: make_span(t, s, "chat", {"gen_ai.output.messages": "x" * 5000}),
                                     ".attributes['gen_ai.output.messages']"),
-    "an integer over 64 bits in a tool call": (poisoned_tool_call, "the store cannot keep it"),
+    "an integer over 64 bits in a tool call": (poisoned_tool_call, "the store cannot keep one of its values"),
 }
 
 JSON_POISONS = {
@@ -323,7 +323,7 @@ def test_a_value_postgres_refuses_is_logged_without_the_data(postgres_url: str, 
     poison = make_span(trace, "02" * 8, "chat", chat_attributes(calls))
     body = export_request([pb_span(trace, "01" * 8), poison, pb_span(trace, "03" * 8)])
     message = rejected_alone(collector, body, PROTOBUF, trace)
-    assert message.startswith("resourceSpans[0].scopeSpans[0].spans[1]") and "the store cannot keep it" in message
+    assert message.startswith("resourceSpans[0].scopeSpans[0].spans[1]") and "the store cannot keep one of its values" in message
     log = collector.log.read_text()
     assert "DataError" in log
     assert "secret-units" not in log and "[SQL:" not in log and "[parameters:" not in log
