@@ -188,6 +188,7 @@ def run_mine(url: str, out: Path) -> dict[str, Any]:
     import psutil
 
     shutil.rmtree(out, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with open(out.with_suffix(".stdout"), "w+") as stdout, open(out.with_suffix(".stderr"), "w+") as stderr:
         child = subprocess.Popen([sys.executable, "-m", "tracemill.cli", "mine", "--db", url, "--out", str(out),
