@@ -7,9 +7,10 @@ needs to tell whether text holds a call (`holds_call`).
     reading.exact                    # the output is exactly one call as the verifier reads it: nothing to read out
 
 Reads plain JSON; OpenAI `tool_calls` (and whole chat completions); wrappers such as `{"function": {...}}`,
-`{"tool", "args"}`, `{"name", "parameters"}`, `{"type": "tool_use", "name", "input"}`; prose and Markdown fences;
-`<tool_call>`, `<|python_start|>`, `<|python_tag|>`, `[TOOL_CALLS]`, `<function=name>` and similar tags; pythonic calls
-(`[f(a=1)]`, parsed with `ast`, values read with `ast.literal_eval`, nothing evaluated); several calls in one string;
+`{"tool", "args"}`, `{"name", "parameters"}`, `{"type": "tool_use", "name", "input"}`; the text formats of
+`tracemill.regions` (prose, Markdown fences, tool-call tags, Qwen3-Coder's XML calls, LangChain's ReAct text); pythonic
+calls (`[f(a=1)]`, `print(f(a=1))`, parsed with `ast`, values read with `ast.literal_eval`, nothing evaluated); several
+calls in one string;
 broken JSON (missing closing brackets, Python literals, then json-repair); arguments encoded as a string, twice.
 An output cut mid-value is refused, never completed. Each piece of text is parsed and scanned at most once.
 """
@@ -26,23 +27,12 @@ from typing import Any
 
 from tracemill.jsonish import NOTHING, PYTHON_ERRORS, Piece, Refused, decode, jsonable, scan
 from tracemill.names import match_tool
+from tracemill.regions import regions
 from tracemill.revision import Step, StepKind
 from tracemill.tools import Tool, tool_index
 from tracemill.verify import ToolCall, Verdict, parse_call, parse_failure, pointer
 
 _JSON = json.JSONDecoder()
-_THINK = re.compile(r"<think>.*?(</think>|$)", re.S)
-_TAGS = re.compile(
-    r"<\|python_start\|>(?P<a>.*?)(?:<\|python_end\|>|$)"
-    r"|<\|python_tag\|>(?P<b>.*?)(?:<\|eom_id\|>|<\|eot_id\|>|$)"
-    r"|<(?P<tag>tool_call|tool_calls|tool_code|function_call|functioncall|tools)>(?P<c>.*?)(?:</(?P=tag)>|$)"
-    r"|<\|tool_call\|>(?P<d>.*?)(?:<\|/tool_call\|>|<\|end\|>|$)"
-    r"|<function=(?P<fn>[^>\s]+)>(?P<e>.*?)(?:</function>|$)"
-    r"|\[TOOL_CALLS\](?P<f>.*)",
-    re.S,
-)
-_FENCE = re.compile(r"```[\w-]*[ \t]*\n?(.*?)(?:```|$)", re.S)
-_MISTRAL_ARGS = re.compile(r"\s*([\w.:\-]+)\s*\[ARGS\]", re.S)
 _START = re.compile(r"[{\[]|(?<![\w.])[A-Za-z_][\w.]*\(")
 _GLUE = re.compile(r"[\s,;]+")  # what may sit between calls written one after another
 _NAME_KEYS = ("name", "tool", "tool_name", "function", "function_name", "recipient_name")
@@ -90,14 +80,26 @@ def _dotted(node: ast.expr) -> str | None:
     return None
 
 
-def _pythonic(tree: ast.Expression | None) -> list[_Raw] | None:
-    """`f(a=1)` or `[f(a=1), g(b="x")]`; None when the parsed text is not that."""
+def _printed(node: ast.expr) -> ast.expr | None:
+    """The call inside `print(call)`, as Gemma writes its tool_code; None when the node is not that."""
+    if (isinstance(node, ast.Call) and _dotted(node.func) == "print" and len(node.args) == 1 and not node.keywords
+            and isinstance(node.args[0], ast.Call)):
+        return node.args[0]
+    return None
+
+
+def _pythonic(tree: ast.Expression | None, steps: list[Step]) -> list[_Raw] | None:
+    """`f(a=1)`, `[f(a=1), g(b="x")]` or `print(f(a=1))`; None when the parsed text is not that."""
     if tree is None:
         return None
     body = tree.body
     nodes = body.elts if isinstance(body, (ast.List, ast.Tuple)) else [body]
     calls = []
+    printed = False
     for node in nodes:
+        inner = _printed(node)
+        if inner is not None:
+            node, printed = inner, True
         if not isinstance(node, ast.Call) or node.args:
             return None
         name = _dotted(node.func)
@@ -116,6 +118,8 @@ def _pythonic(tree: ast.Expression | None) -> list[_Raw] | None:
             else:
                 arguments[kw.arg] = value
         calls.append(_Raw(name, arguments))
+    if calls and printed:
+        steps.append(Step(StepKind.UNWRAP, "read the call inside print(...)"))
     return calls or None
 
 
@@ -160,15 +164,16 @@ def _read_segment(piece: Piece, steps: list[Step], value: Any = NOTHING) -> list
     decoded); None when it holds none. Raises Refused when it was cut mid-value."""
     local: list[Step] = []
     if value is NOTHING:
-        calls = _pythonic(piece.python())
+        calls = _pythonic(piece.python(), local)
         if calls is not None:
             steps.append(Step(StepKind.PYTHONIC, "read a Python-style call with ast"))
+            steps.extend(local)
             return calls
         state, closers = piece.scan()
-        calls = _pythonic(piece.closed_python()) if state == "open" else None
+        calls = _pythonic(piece.closed_python(), local) if state == "open" else None
         if calls is not None:
             steps.extend([Step(StepKind.CLOSE_BRACKETS, f"added the missing {closers!r}"),
-                          Step(StepKind.PYTHONIC, "read a Python-style call with ast")])
+                          Step(StepKind.PYTHONIC, "read a Python-style call with ast"), *local])
             return calls
         try:
             value = decode(piece, local)
@@ -225,40 +230,23 @@ def _trim_prose(text: str) -> str:
     return text
 
 
-def _regions(text: str) -> tuple[list[tuple[str, str | None]], str | None]:
-    """Where calls may be, as (text, tool name given by the tag): tagged regions, else fenced blocks, else the whole
-    text; and why the call had to be extracted."""
-    if "<think>" in text:
-        text = _THINK.sub("", text)
-    tagged: list[tuple[str, str | None]] = []
-    for m in _TAGS.finditer(text):
-        if m.group("fn") is not None:
-            tagged.append((m.group("e"), m.group("fn")))
-        elif m.group("f") is not None:
-            body = m.group("f")
-            mistral = _MISTRAL_ARGS.match(body)
-            tagged.append((body[mistral.end():], mistral.group(1)) if mistral else (body, None))
-        else:
-            tagged.append((next(g for g in (m.group("a"), m.group("b"), m.group("c"), m.group("d")) if g is not None),
-                           None))
-    if tagged:
-        return tagged, "read the call from between tool-call tags"
-    fenced = [(m.group(1), None) for m in _FENCE.finditer(text)]
-    if fenced:
-        return fenced, "read the call from a Markdown code block"
-    return [(text, None)], None
-
-
 def _read_text(raw: str, steps: list[Step], index: Mapping[str, Tool]) -> _TextReading:
-    regions, why = _regions(raw)
+    found = regions(raw, index)
+    why = found.why
     reading = _TextReading([], [])
     used: list[str] = []
-    for region, tag_name in regions:
-        if tag_name is not None:
-            reading.calls.append(_Raw(tag_name, region.strip() or {}))
-            used.append(region)
+    for region in found.regions:
+        if region.refused is not None:
+            reading.refused.append(region.refused)
+            used.append(region.text)
             continue
-        for piece, balanced, value in _segments(region):
+        if region.name is not None:
+            steps.extend(region.steps)
+            arguments = region.arguments if region.arguments is not None else region.text.strip() or {}
+            reading.calls.append(_Raw(region.name, arguments))
+            used.append(region.text)
+            continue
+        for piece, balanced, value in _segments(region.text):
             try:
                 found = _read_segment(piece, steps, value)
             except Refused as exc:

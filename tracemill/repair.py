@@ -8,8 +8,12 @@ them valid where the output holds the answer.
 
 Fixing, driven by the verifier's violations: near-miss tool names (`tracemill.names`), near-miss parameter names (case
 and separators), schema-guided coercion (numeric and boolean strings, JSON-encoded arrays and objects, one value where
-an array is expected), enum case, removal of unknown parameters where the schema forbids them, schema defaults for
-missing required parameters where the schema gives one.
+an array is expected), enum case, removal of unknown parameters where the schema forbids them, of optional parameters
+sent as null where the schema does not take null, schema defaults for missing required parameters where the schema
+gives one. In a call that was not valid as sent (read out of text, unwrapped, or failing the verifier), parameters
+the tool does not declare are renamed to the declared one they differ from only in case and separators, else
+dropped, unless the schema says it takes undeclared parameters: the reviser is rewriting that call anyway, and what
+it returns should be the call the tool declares.
 
 Guarantees: a call that already passes `verify` comes back unchanged with no steps; no value is made up (an output cut
 mid-value is refused, not completed); of two equally close names none is picked. Where a call cannot be made valid, its
@@ -164,6 +168,15 @@ def _fix(violation: Violation, arguments: dict[str, Any], schema: Mapping[str, A
             steps.append(Step(StepKind.DROP_UNKNOWN, "the schema forbids parameters it does not declare", i,
                               violation.pointer, {leaf: parent.pop(leaf)}, None))
         return True
+    if violation.kind in ("wrong_type", "no_match") and isinstance(parent, dict) and isinstance(leaf, str) \
+            and leaf in parent and parent[leaf] is None:
+        required = here.get("required") if isinstance(here, Mapping) else None
+        if not (isinstance(required, list) and leaf in required) and "null" not in schema_types(
+                _subschema(schema, path)):
+            del parent[leaf]
+            steps.append(Step(StepKind.DROP_NULL, "an optional parameter sent as null, which the schema does not "
+                              "take: it carries no value", i, violation.pointer, {leaf: None}, None))
+            return True
     if not isinstance(parent, (dict, list)) or leaf is None:
         return False
     try:
@@ -193,9 +206,37 @@ def _fix(violation: Violation, arguments: dict[str, Any], schema: Mapping[str, A
     return False
 
 
+def _undeclared(arguments: dict[str, Any], schema: Mapping[str, Any], i: int, steps: list[Step]) -> bool:
+    """In a call the reviser rewrites anyway: each parameter the tool does not declare is renamed to the one declared
+    parameter it differs from only in case and separators, else dropped, unless the schema says it takes parameters
+    it does not declare (`additionalProperties` true or a schema). Whether anything changed."""
+    root = _resolve(schema, schema)
+    props = root.get("properties") if isinstance(root, Mapping) else None
+    if not isinstance(props, Mapping) or not props:
+        return False
+    extra = root.get("additionalProperties", False)
+    takes_others = extra is not False
+    changed = False
+    for key in [k for k in arguments if k not in props]:
+        near = [p for p in props if p not in arguments and name_key(p) == name_key(key)]
+        if len(near) == 1:
+            _rename(arguments, key, near[0])
+            steps.append(Step(StepKind.PARAM_NAME, "same parameter name up to case and separators", i,
+                              pointer("arguments", key), key, near[0]))
+        elif not takes_others:
+            steps.append(Step(StepKind.DROP_UNKNOWN, "not a parameter of the tool, in a call that was not valid as "
+                              "sent (a call valid as sent keeps it)", i, pointer("arguments", key),
+                              {key: arguments.pop(key)}, None))
+        else:
+            continue
+        changed = True
+    return changed
+
+
 def _fix_call(name: str, arguments: dict[str, Any], i: int, index: Mapping[str, Tool], steps: list[Step],
-              known: Verdict | None = None) -> tuple[ToolCall, Verdict]:
-    """Make one call valid where the output holds the answer. `known`: the verdict of the call as read, if any."""
+              known: Verdict | None = None, as_sent: bool = False) -> tuple[ToolCall, Verdict]:
+    """Make one call valid where the output holds the answer. `known`: the verdict of the call as read, if any;
+    `as_sent`: the call was read with no step (not out of text, not unwrapped, not decoded twice)."""
     read_name = name
     if name not in index:
         match = match_tool(name, index)
@@ -204,6 +245,10 @@ def _fix_call(name: str, arguments: dict[str, Any], i: int, index: Mapping[str, 
             name = match[0]
     call = ToolCall(name, arguments)
     verdict = known if known is not None and name == read_name else verify(call, index)
+    if verdict.ok and as_sent and name == read_name:
+        return call, verdict
+    if name in index and _undeclared(arguments, index[name].input_schema, i, steps):
+        verdict = verify(call, index)
     for _ in range(_MAX_ROUNDS):
         if verdict.ok or verdict.stage is not Stage.SCHEMA:
             break
@@ -243,7 +288,8 @@ def _revise(reading: Reading, index: Mapping[str, Tool], known: Verdict | None =
             assert found.problem is not None
             problems.append(found.problem)
             continue
-        call, verdict = _fix_call(found.name, found.arguments, i, index, steps, known)
+        call, verdict = _fix_call(found.name, found.arguments, i, index, steps, known,
+                                  as_sent=not reading.steps and not found.steps)
         calls.append(call)
         verdicts.append(verdict)
     problems.extend(parse_failure("truncated", "", reason) for reason in reading.refused)

@@ -15,6 +15,8 @@ from tracemill.verify import ToolCall, Verdict
 class StepKind(str, enum.Enum):
     EXTRACT = "extract"                # the call was found inside text (prose, fences, tags)
     PYTHONIC = "pythonic"              # read from a Python-style call
+    XML_PARAMETERS = "xml_parameters"  # read from XML parameters (Qwen3-Coder), typed by the schema
+    PLAIN_INPUT = "plain_input"        # a one-parameter tool's input given as plain text (ReAct)
     PYTHON_LITERAL = "python_literal"  # single quotes, True/None
     CLOSE_BRACKETS = "close_brackets"  # missing closing brackets added
     JSON_REPAIR = "json_repair"        # other broken JSON, repaired by json-repair
@@ -26,6 +28,7 @@ class StepKind(str, enum.Enum):
     COERCE = "coerce"
     ENUM_CASE = "enum_case"
     DROP_UNKNOWN = "drop_unknown"
+    DROP_NULL = "drop_null"            # an optional parameter sent as null where the schema does not take null
     DEFAULT = "default"
     MODEL = "model"                    # a model reviser rewrote the call
 
