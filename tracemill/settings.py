@@ -64,6 +64,15 @@ class Settings(BaseSettings):
     sign_in_attempts: int = Field(default=5, ge=1, description="failed sign-ins for one name before a pause")
     sign_in_window_seconds: int = Field(default=900, ge=1, description="the pause, and the window failures count in")
 
+    # The sidecar (`tracemill serve`).
+    serve_host: str = "127.0.0.1"
+    serve_port: int = 8000
+    serve_timeout_seconds: float = Field(default=300.0, gt=0, description="how long the sidecar waits for the "
+                                         "upstream (to connect: 10 s at most; then between bytes)")
+    serve_poll_seconds: float = Field(default=1.0, gt=0, description="how often `tracemill serve` looks for a new "
+                                      "deployment")
+    serve_collector: str | None = Field(default=None, description="the collector `tracemill serve` traces to")
+
     @classmethod
     def settings_customise_sources(
         cls,

@@ -1,0 +1,187 @@
+"""A small scripted OpenAI-compatible model server (the model is the only stand-in), vLLM-like where it matters: chat
+completions streamed or not, `/v1/models`, and the runtime LoRA endpoints, which it records. Also a thread that runs
+any ASGI app under uvicorn, as `tracemill serve` runs the sidecar."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from tracemill.net import free_port
+
+
+class ServerThread:
+    """An ASGI app served by uvicorn on a free port, in a thread."""
+
+    def __init__(self, app: Any) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                    access_log=False, lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def start(self) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(20)
+
+
+@dataclass
+class Reply:
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    status: int = 200
+    delay: float = 0.0  # before answering
+    chunk_delay: float = 0.0  # between streamed chunks
+    repeat: int = 1  # streamed: the content this many times (a long answer)
+
+
+def _last_user(body: Mapping[str, Any]) -> str:
+    for message in reversed(body.get("messages") or []):
+        if message.get("role") == "user":
+            return str(message.get("content"))
+    return ""
+
+
+def native(calls: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """`{"name", "arguments"}` calls (arguments as text, exactly as given) as OpenAI tool_calls."""
+    return [{"id": f"call_{i}", "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+            for i, c in enumerate(calls)]
+
+
+@dataclass
+class ScriptedModel:
+    """Answers each request with the reply scripted for its last user message."""
+
+    model: str = "scripted-llama"
+    replies: dict[str, Reply] = field(default_factory=dict)
+    reviser_answers: dict[str, str] = field(default_factory=dict)  # adapter name -> what the reviser answers
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    sent: dict[str, bytes] = field(default_factory=dict)  # the body sent for each non-streamed request
+    lora: list[tuple[str, str, str]] = field(default_factory=list)  # (load | unload, name, path)
+    loaded: dict[str, str] = field(default_factory=dict)
+    disconnected: list[str] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+
+    def app(self) -> Starlette:
+        return Starlette(routes=[
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/load_lora_adapter", self.load, methods=["POST"]),
+            Route("/v1/unload_lora_adapter", self.unload, methods=["POST"]),
+            Route("/v1/echo", self.echo, methods=["POST", "GET"]),
+            Route("/version", self.version, methods=["GET"]),
+        ])
+
+    async def version(self, request: Request) -> Response:
+        return JSONResponse({"version": "scripted"})
+
+    async def echo(self, request: Request) -> Response:
+        return JSONResponse({"method": request.method, "query": dict(request.query_params),
+                             "body": (await request.body()).decode(), "auth": request.headers.get("authorization")})
+
+    async def models(self, request: Request) -> Response:
+        data = [{"id": self.model, "object": "model", "owned_by": "scripted"}]
+        data += [{"id": name, "object": "model", "parent": self.model, "root": path}
+                 for name, path in self.loaded.items()]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def load(self, request: Request) -> Response:
+        body = await request.json()
+        name, path = body["lora_name"], body["lora_path"]
+        if name in self.loaded:
+            return JSONResponse({"error": {"message": f"The lora adapter '{name}' has already been loaded.",
+                                           "type": "InvalidUserInput", "code": 400}}, 400)
+        self.lora.append(("load", name, path))
+        self.loaded[name] = path
+        return Response(f"Success: LoRA adapter '{name}' added successfully.", 200)
+
+    async def unload(self, request: Request) -> Response:
+        name = (await request.json())["lora_name"]
+        if name not in self.loaded:
+            return JSONResponse({"error": {"message": f"The lora adapter '{name}' cannot be found.",
+                                           "type": "NotFoundError", "code": 404}}, 404)
+        self.lora.append(("unload", name, self.loaded.pop(name)))
+        return Response(f"Success: LoRA adapter '{name}' removed successfully.", 200)
+
+    async def chat(self, request: Request) -> Response:
+        body = await request.json()
+        self.requests.append(body)
+        model = body.get("model", "")
+        if model != self.model:
+            if model not in self.loaded:
+                return JSONResponse({"error": {"message": f"The model `{model}` does not exist.",
+                                               "type": "NotFoundError", "code": 404}}, 404)
+            reply = Reply(self.reviser_answers.get(model, ""))
+            key = f"reviser:{model}"
+        else:
+            key = _last_user(body)
+            reply = self.replies.get(key, Reply("I have nothing scripted for that."))
+        if reply.delay:
+            await asyncio.sleep(reply.delay)
+        if reply.status != 200:
+            return JSONResponse({"error": {"message": f"scripted failure {reply.status}", "type": "server_error",
+                                           "code": reply.status}}, reply.status)
+        if body.get("stream"):
+            return StreamingResponse(self._stream(key, reply, body), media_type="text/event-stream")
+        message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+        if reply.tool_calls:
+            message["tool_calls"] = reply.tool_calls
+        sent = json.dumps({  # json's spacing, not the proxy's orjson: re-encoding would show
+            "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": self.model,
+            "choices": [{"index": 0, "message": message, "logprobs": None,
+                         "finish_reason": "tool_calls" if reply.tool_calls else "stop"}],
+            "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}}).encode()
+        self.sent[key] = sent
+        return Response(sent, media_type="application/json")
+
+    async def _stream(self, key: str, reply: Reply, body: Mapping[str, Any]):  # type: ignore[no-untyped-def]
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+            return b"data: " + orjson.dumps({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
+                                              "model": self.model, "choices": [
+                                                  {"index": 0, "delta": delta, "logprobs": None,
+                                                   "finish_reason": finish}]}) + b"\n\n"
+        try:
+            yield chunk({"role": "assistant", "content": ""})
+            text = (reply.content or "") * reply.repeat
+            for i in range(0, len(text), 7):
+                if reply.chunk_delay:
+                    await asyncio.sleep(reply.chunk_delay)
+                yield chunk({"content": text[i:i + 7]})
+            for k, call in enumerate(reply.tool_calls or ()):
+                yield chunk({"tool_calls": [{"index": k, "id": call["id"], "type": "function",
+                                             "function": {"name": call["function"]["name"], "arguments": ""}}]})
+                arguments = call["function"]["arguments"]
+                for i in range(0, len(arguments), 5):
+                    yield chunk({"tool_calls": [{"index": k, "function": {"arguments": arguments[i:i + 5]}}]})
+            yield chunk({}, "tool_calls" if reply.tool_calls else "stop")
+            if (body.get("stream_options") or {}).get("include_usage"):
+                yield b"data: " + orjson.dumps({"id": "chatcmpl-1", "object": "chat.completion.chunk",
+                                                 "created": 1, "model": self.model, "choices": [],
+                                                 "usage": {"prompt_tokens": 11, "completion_tokens": 7,
+                                                           "total_tokens": 18}}) + b"\n\n"
+            yield b"data: [DONE]\n\n"
+            self.finished.append(key)
+        except (asyncio.CancelledError, GeneratorExit):
+            self.disconnected.append(key)
+            raise

@@ -1,0 +1,331 @@
+"""The sidecar in front of a real (scripted) model server, driven with the official openai client: the fault library's
+broken outputs of real BFCL and MCP-Bench calls arrive valid where the rules can recover them, valid calls arrive byte
+for byte, streamed or not, and every request is traced into a real collector."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from openai import APIStatusError, OpenAI
+from scripted_model import Reply, ScriptedModel, ServerThread, native
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from tracemill.bfcl import answers_for, ast_match, load_bfcl
+from tracemill.examples import example_call
+from tracemill.faults import WEAK_PROFILES, corrupt_calls, sample_faults
+from tracemill.reader import holds_call
+from tracemill.serving.app import ServeConfig, create_app
+from tracemill.store.engine import make_engine
+from tracemill.store.tables import SpanRow, ToolCallRow
+from tracemill.tools import Tool, load_mcp_bench, tool_index
+from tracemill.verify import ToolCall, verify
+
+from support import WEATHER_TOOLS
+
+
+@dataclass
+class FaultCase:
+    key: str
+    tools: list[dict[str, Any]]  # as the agent sends them (OpenAI shape)
+    reference: list[ToolCall]
+    reply: Reply
+    valid_as_sent: bool
+    recoverable: bool
+
+
+def _openai_tools(tools: list[Tool]) -> list[dict[str, Any]]:
+    return [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                              "parameters": dict(t.input_schema)}} for t in tools]
+
+
+def _reply(raw: str, is_native: bool) -> Reply:
+    """A native output as the upstream's tool_calls (arguments exactly as written); text as the message content, as a
+    server whose parser missed the call returns it."""
+    if is_native:
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            return Reply(raw)
+        calls = value if isinstance(value, list) else [value]
+        return Reply(tool_calls=native(calls))
+    return Reply(raw)
+
+
+def _fault_cases() -> list[FaultCase]:
+    sources: list[tuple[str, list[Tool], list[ToolCall]]] = []
+    for server, tools in list(load_mcp_bench().items())[:14]:
+        for tool in tools[:3]:
+            call = example_call(tool)
+            if call is not None:
+                sources.append((f"mcp/{call.name}", tools, [call]))
+    sources += [(f"bfcl/{c.id}", list(c.tools), c.reference()) for c in load_bfcl()[::8]]
+    cases = []
+    for name, tools, reference in sources:
+        index = tool_index(tools)
+        if not all(verify(c, index).ok for c in reference):
+            continue
+        for profile in WEAK_PROFILES:
+            rng = random.Random(f"serve:{name}:{profile}")
+            bad = corrupt_calls(reference, tools, sample_faults(profile, rng, n_calls=len(reference)), rng)
+            reply = _reply(bad.raw, bad.native)
+            valid = bool(reply.tool_calls) and all(verify(
+                {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}, index).ok
+                for c in reply.tool_calls or ())
+            cases.append(FaultCase(f"{name}/{profile}", _openai_tools(tools), reference, reply, valid,
+                                   bad.recoverable and not valid))
+    return cases
+
+
+CASES = _fault_cases()
+
+
+@pytest.fixture
+def model() -> Iterator[tuple[ScriptedModel, ServerThread]]:
+    scripted = ScriptedModel()
+    for case in CASES:
+        scripted.replies[case.key] = case.reply
+    server = ServerThread(scripted.app()).start()
+    yield scripted, server
+    server.stop()
+
+
+@pytest.fixture
+def start_proxy() -> Iterator:  # type: ignore[type-arg]
+    started: list[ServerThread] = []
+
+    def start(upstream: str, **config: Any) -> ServerThread:
+        server = ServerThread(create_app(ServeConfig(upstream, **config))).start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def _client(proxy: ServerThread, **kwargs: Any) -> OpenAI:
+    return OpenAI(base_url=proxy.url + "/v1", api_key="test-key", max_retries=0, **kwargs)
+
+
+def _ask(client: OpenAI, case: FaultCase, stream: bool) -> tuple[dict[str, Any], str | None, bytes | None]:
+    """(the message as the client assembled it, the revision header, the raw body when not streamed)."""
+    kwargs = {"model": "scripted-llama", "messages": [{"role": "user", "content": case.key}], "tools": case.tools}
+    if not stream:
+        raw = client.chat.completions.with_raw_response.create(**kwargs)
+        message = raw.parse().choices[0].message
+        calls = [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+                 for c in message.tool_calls or ()]
+        return {"content": message.content, "calls": calls, "extension": getattr(message, "tracemill", None)}, \
+            raw.headers.get("x-tracemill-revision"), raw.http_response.content
+    text, calls, extension = "", {}, None
+    for chunk in client.chat.completions.create(**kwargs, stream=True):
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            for tc in choice.delta.tool_calls or ():
+                call = calls.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
+                call["id"] = tc.id or call["id"]
+                call["name"] += tc.function.name or ""
+                call["arguments"] += tc.function.arguments or ""
+            extension = getattr(choice, "tracemill", None) or extension
+    return {"content": text or None, "calls": [calls[k] for k in sorted(calls)], "extension": extension}, None, None
+
+
+def _valid(calls: list[dict[str, Any]], case: FaultCase) -> bool:
+    index = tool_index(case.tools)
+    return bool(calls) and all(verify({"name": c["name"], "arguments": c["arguments"]}, index).ok for c in calls)
+
+
+def _matches(calls: list[dict[str, Any]], case: FaultCase) -> bool:
+    got = [ToolCall(c["name"], json.loads(c["arguments"])) for c in calls]
+    return bool(ast_match(got, answers_for(case.reference), tool_index(case.tools)))
+
+
+def test_the_cases_cover_every_kind_of_outcome() -> None:
+    assert len(CASES) > 150
+    assert sum(c.valid_as_sent for c in CASES) > 40
+    assert sum(c.recoverable and c.reply.tool_calls is not None for c in CASES) > 15  # broken native calls
+    assert sum(c.recoverable and c.reply.content is not None for c in CASES) > 15  # calls written in the text
+    assert sum(not c.valid_as_sent and not c.recoverable for c in CASES) > 5
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_fault_library_outputs_through_the_proxy(model, start_proxy, stream: bool) -> None:
+    scripted, upstream = model
+    client = _client(start_proxy(upstream.url + "/v1"))
+    refused = 0
+    for case in CASES:
+        got, header, body = _ask(client, case, stream)
+        sent = [{"id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                for c in case.reply.tool_calls or ()]
+        if case.valid_as_sent:
+            assert got["calls"] == sent and got["extension"] is None, case.key
+            if not stream:
+                assert header == "unchanged" and body == scripted.sent[case.key], case.key
+        elif case.recoverable:
+            assert _valid(got["calls"], case) and _matches(got["calls"], case), (case.key, got)
+            assert not holds_call(got["content"] or "", tool_index(case.tools)), case.key  # the call is not text too
+            assert got["extension"]["revision"] == "revised" and got["extension"]["version"] == "rules"
+            original = got["extension"]["original"]
+            assert original["content"] == case.reply.content and original["tool_calls"] == case.reply.tool_calls
+        elif got["extension"] is None or got["extension"]["revision"] == "refused":
+            refused += 1  # not recoverable: what the upstream sent, as it sent it
+            assert got["calls"] == sent, case.key
+            if not stream:
+                assert header == "refused" and body == scripted.sent[case.key], case.key
+        else:  # revised although the fault library calls it lost: still only ever a valid call
+            assert _valid(got["calls"], case), case.key
+    assert refused > 5
+
+
+def test_traces_land_in_a_real_collector(model, start_proxy, start_collector, sqlite_url: str) -> None:
+    import tracemill.sdk as tm
+
+    scripted, upstream = model
+    collector = start_collector(sqlite_url)
+    tm.init(collector.url, service_name="tracemill-serve", set_global=False)
+    try:
+        client = _client(start_proxy(upstream.url + "/v1", trace=True))
+        chosen = [c for c in CASES if c.recoverable][:10] + [c for c in CASES if c.valid_as_sent][:10]
+        for i, case in enumerate(chosen):
+            _ask(client, case, stream=bool(i % 2))
+        time.sleep(0.3)  # spans are recorded after each answer is sent
+        assert tm.flush(10)
+    finally:
+        tm.shutdown()
+    engine = make_engine(sqlite_url)
+    deadline = time.monotonic() + 20
+    while True:
+        with Session(engine) as session:
+            spans = list(session.execute(select(SpanRow)).scalars())
+            calls = list(session.execute(select(ToolCallRow)).scalars())
+        if len([s for s in spans if s.name.startswith("chat ")]) >= len(chosen) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    engine.dispose()
+    chats = [s for s in spans if s.name == "chat scripted-llama"]
+    revisions = [s for s in spans if s.name == "revise rules"]
+    assert len(chats) == len(chosen) and len(revisions) == 10
+    by_id = {s.span_id: s for s in chats}
+    for span in revisions:
+        parent = by_id[span.parent_span_id]
+        assert span.attributes["tracemill.serving.revision_of"] == parent.span_id
+        assert parent.attributes["tracemill.serving.revision"] == "revised"
+        assert parent.attributes["tracemill.serving.version"] == "rules"
+        assert parent.attributes["tracemill.serving.upstream_ms"] > 0
+    assert sum(s.attributes["tracemill.serving.revision"] == "unchanged" for s in chats) == 10
+    originals = [c for c in calls if c.model == "scripted-llama"]
+    revised = [c for c in calls if c.model == "tracemill-reviser:rules"]
+    assert revised and all(c.stage is None for c in revised)  # what the client got verifies at ingest
+    assert any(c.stage is not None for c in originals)  # what the model sent failed, and is kept for mining
+
+
+def test_upstream_errors_come_back_with_their_status(model, start_proxy) -> None:
+    scripted, upstream = model
+    scripted.replies["boom"] = Reply(status=503)
+    client = _client(start_proxy(upstream.url + "/v1"))
+    for stream in (False, True):
+        with pytest.raises(APIStatusError) as failure:
+            client.chat.completions.create(model="scripted-llama", messages=[{"role": "user", "content": "boom"}],
+                                           tools=WEATHER_TOOLS, stream=stream)
+        assert failure.value.status_code == 503 and "scripted failure 503" in str(failure.value)
+
+
+def test_an_upstream_that_is_down_or_too_slow_gets_a_clear_answer(model, start_proxy) -> None:
+    scripted, upstream = model
+    scripted.replies["slow"] = Reply("late", delay=5)
+    slow = _client(start_proxy(upstream.url + "/v1", timeout=0.5))
+    started = time.monotonic()
+    with pytest.raises(APIStatusError) as failure:
+        slow.chat.completions.create(model="scripted-llama", messages=[{"role": "user", "content": "slow"}])
+    assert failure.value.status_code == 504 and "did not answer in time" in failure.value.message
+    assert time.monotonic() - started < 3
+    down = _client(start_proxy("http://127.0.0.1:9/v1"))
+    for stream in (False, True):
+        with pytest.raises(APIStatusError) as failure:
+            down.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], stream=stream)
+        assert failure.value.status_code == 502 and "could not be reached" in failure.value.message
+
+
+def test_a_client_that_disconnects_cancels_the_upstream_request(model, start_proxy) -> None:
+    scripted, upstream = model
+    scripted.replies["long"] = Reply("word " * 20, chunk_delay=0.05, repeat=10)  # ~15 s of streaming
+    proxy = start_proxy(upstream.url + "/v1")
+    body = {"model": "scripted-llama", "stream": True, "messages": [{"role": "user", "content": "long"}]}
+    with httpx.stream("POST", proxy.url + "/v1/chat/completions", json=body, timeout=10) as response:
+        for i, _ in enumerate(response.iter_bytes()):
+            if i == 3:
+                break
+    deadline = time.monotonic() + 5
+    while "long" not in scripted.disconnected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "long" in scripted.disconnected and "long" not in scripted.finished
+
+
+def test_text_streams_through_as_it_comes(model, start_proxy) -> None:
+    scripted, upstream = model
+    scripted.replies["prose"] = Reply("The weather in Paris is mild today, around twenty degrees. " * 3)
+    client = _client(start_proxy(upstream.url + "/v1"))
+    pieces = [c.choices[0].delta.content for c in client.chat.completions.create(
+        model="scripted-llama", messages=[{"role": "user", "content": "prose"}], tools=WEATHER_TOOLS, stream=True)
+        if c.choices and c.choices[0].delta.content]
+    assert len(pieces) > 10 and "".join(pieces) == scripted.replies["prose"].content
+
+
+def test_tool_choice_none_leaves_text_alone(model, start_proxy) -> None:
+    scripted, upstream = model
+    text = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    scripted.replies["json text"] = Reply(text)
+    client = _client(start_proxy(upstream.url + "/v1"))
+    for choice, calls in (("auto", 1), ("none", 0)):
+        message = client.chat.completions.create(
+            model="scripted-llama", messages=[{"role": "user", "content": "json text"}], tools=WEATHER_TOOLS,
+            tool_choice=choice).choices[0].message
+        assert len(message.tool_calls or ()) == calls
+        assert (message.content == text) == (calls == 0)
+
+
+def test_everything_else_passes_through(model, start_proxy) -> None:
+    scripted, upstream = model
+    scripted.loaded["tracemill-reviser-0001"] = "/adapters/1"
+    proxy = start_proxy(upstream.url + "/v1")
+    echo = httpx.post(proxy.url + "/v1/echo?x=1", content=b"hello", headers={"Authorization": "Bearer k"}).json()
+    assert echo == {"method": "POST", "query": {"x": "1"}, "body": "hello", "auth": "Bearer k"}
+    assert httpx.get(proxy.url + "/version").json() == {"version": "scripted"}
+    models = [m.id for m in _client(proxy).models.list()]
+    assert models == ["scripted-llama"]  # the reviser's own adapters are not the agent's business
+
+
+def test_revise_endpoint_health_and_metrics(model, start_proxy) -> None:
+    scripted, upstream = model
+    proxy = start_proxy(upstream.url + "/v1")
+    answer = httpx.post(proxy.url + "/v1/revise", json={
+        "raw": 'get_weather(city="Paris", units="METRIC")', "tools": WEATHER_TOOLS, "context": None}).json()
+    assert answer["ok"] and answer["calls"] == [{"name": "get_weather", "arguments": {"city": "Paris",
+                                                                                     "units": "metric"}}]
+    assert answer["version"] == "rules"
+    bad = httpx.post(proxy.url + "/v1/revise", json={"raw": 3, "tools": WEATHER_TOOLS})
+    assert bad.status_code == 400 and "'raw'" in bad.json()["error"]["message"]
+    health = httpx.get(proxy.url + "/healthz").json()
+    assert health["status"] == "ok" and health["version"] == "rules" and health["canary"] is None
+    scripted.replies["broken"] = Reply(tool_calls=native([{"name": "get_weather", "arguments": '{"city": "Paris"'}]))
+    _client(proxy).chat.completions.create(model="scripted-llama", tools=WEATHER_TOOLS,
+                                           messages=[{"role": "user", "content": "broken"}])
+    metrics = httpx.get(proxy.url + "/metrics").text
+    assert 'tracemill_serve_revisions_total{outcome="revised",version="rules"} 1.0' in metrics
+    assert 'tracemill_serve_revision_steps_total{kind="close_brackets"} 1.0' in metrics
+    assert "tracemill_serve_upstream_seconds_bucket" in metrics
+
+
+def test_bad_requests_get_a_clear_error(model, start_proxy) -> None:
+    scripted, upstream = model
+    proxy = start_proxy(upstream.url + "/v1")
+    response = httpx.post(proxy.url + "/v1/chat/completions", content=b"{not json")
+    assert response.status_code == 400 and "not JSON" in response.json()["error"]["message"]
