@@ -6,12 +6,13 @@ import json
 
 import pytest
 
-from support import WEATHER_TOOLS
 from tracemill.bfcl import load_bfcl
 from tracemill.reader import holds_call
 from tracemill.repair import StepKind, revise
 from tracemill.tools import tool_index
 from tracemill.verify import ToolCall, verify
+
+from support import WEATHER_TOOLS
 
 INDEX = tool_index(WEATHER_TOOLS + [
     {"name": "lookup", "inputSchema": {"type": "object", "properties": {"term": {"type": "string"}}}},
@@ -63,7 +64,8 @@ def test_react_reads_nothing_after_an_observation_the_model_made_up():
 
 
 @pytest.mark.parametrize(("raw", "want"), [
-    ("Thought: look it up.\nAction: lookup\nAction Input: aspirin dosage", ToolCall("lookup", {"term": "aspirin dosage"})),
+    ("Thought: look it up.\nAction: lookup\nAction Input: aspirin dosage",
+     ToolCall("lookup", {"term": "aspirin dosage"})),
     ('Action: lookup\nAction Input: "aspirin dosage"', ToolCall("lookup", {"term": "aspirin dosage"})),
     ("Action: page\nAction Input: 3", ToolCall("page", {"n": 3})),
     ("Action: lookup\nAction Input: 3", ToolCall("lookup", {"term": "3"})),
@@ -122,7 +124,8 @@ def test_qwen3_coder_xml_values_are_typed_by_the_schema():
 
 def test_qwen3_coder_xml_without_the_tool_call_tag_and_two_calls():
     one = "<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>"
-    two = "<function=get_forecast>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>"
+    two = ("<function=get_forecast>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n"
+           "</function>")
     _ok(one, PARIS)
     _ok(f"<tool_call>\n{one}\n</tool_call>\n<tool_call>\n{two}\n</tool_call>", PARIS, FORECAST)
     _ok("Let me check.\n" + one + "\n" + two, PARIS, FORECAST)
