@@ -8,7 +8,12 @@ reloading a name in place would keep the prefix cache of the weights it replaced
 
 from __future__ import annotations
 
-import httpx
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+import orjson
 
 from tracemill.serving.deployments import Version
 
@@ -23,32 +28,43 @@ def adapter_name(version: Version) -> str:
     return f"{PREFIX}{version.name}"
 
 
+@dataclass(frozen=True, slots=True)
+class _Reply:
+    status: int
+    text: str
+
+
 class Adapters:
     """The adapters of one vLLM server (its OpenAI base URL, `.../v1`)."""
 
-    def __init__(self, base_url: str, client: httpx.AsyncClient) -> None:
+    def __init__(self, base_url: str, session: Callable[[], aiohttp.ClientSession]) -> None:
         self.base_url = base_url.rstrip("/")
-        self.client = client
+        self._session = session
 
-    async def _post(self, path: str, body: dict[str, str]) -> httpx.Response:
+    async def _ask(self, method: str, path: str, body: dict[str, str] | None = None) -> _Reply:
         url = f"{self.base_url}/{path}"
         try:
-            response = await self.client.post(url, json=body, timeout=120)
-        except httpx.HTTPError as exc:
+            async with self._session().request(method, url, json=body,
+                                               timeout=aiohttp.ClientTimeout(total=120)) as response:
+                return _Reply(response.status, await response.text())
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise AdapterError(f"{url}: {type(exc).__name__}: {exc}") from None
-        if response.status_code in (404, 405) and response.text.replace(" ", "") in ('{"detail":"NotFound"}',
-                                                                               '{"detail":"MethodNotAllowed"}'):
-            raise AdapterError(f"{url}: 404 — start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=true")
-        return response
+
+    async def _post(self, path: str, body: dict[str, str]) -> _Reply:
+        reply = await self._ask("POST", path, body)
+        if reply.status in (404, 405) and reply.text.replace(" ", "") in ('{"detail":"NotFound"}',
+                                                                          '{"detail":"MethodNotAllowed"}'):
+            raise AdapterError(f"{self.base_url}/{path}: {reply.status} — start vLLM with --enable-lora and "
+                               "VLLM_ALLOW_RUNTIME_LORA_UPDATING=true")
+        return reply
 
     async def loaded(self) -> set[str]:
-        url = f"{self.base_url}/models"
+        reply = await self._ask("GET", "models")
         try:
-            response = await self.client.get(url, timeout=30)
-            response.raise_for_status()
-            return {m["id"] for m in response.json().get("data", []) if isinstance(m, dict) and "id" in m}
-        except (httpx.HTTPError, ValueError, AttributeError) as exc:
-            raise AdapterError(f"{url}: cannot list the models ({exc})") from None
+            models = orjson.loads(reply.text)["data"] if reply.status == 200 else None
+            return {m["id"] for m in models if isinstance(m, dict) and "id" in m}
+        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+            raise AdapterError(f"{self.base_url}/models: cannot list the models ({reply.status}: {exc})") from None
 
     async def load(self, version: Version) -> str:
         """Load a version's adapter unless the server has it already; its name."""
@@ -58,12 +74,12 @@ class Adapters:
                                "loaded into a running vLLM (serve it on its own and use --reviser endpoint:URL)")
         if name in await self.loaded():
             return name
-        response = await self._post("load_lora_adapter", {"lora_name": name, "lora_path": version.path})
-        if response.status_code != 200:
-            raise AdapterError(f"loading {name} from {version.path}: {response.status_code} {response.text[:300]}")
+        reply = await self._post("load_lora_adapter", {"lora_name": name, "lora_path": version.path})
+        if reply.status != 200:
+            raise AdapterError(f"loading {name} from {version.path}: {reply.status} {reply.text[:300]}")
         return name
 
     async def unload(self, name: str) -> None:
-        response = await self._post("unload_lora_adapter", {"lora_name": name})
-        if response.status_code not in (200, 404):  # 404: already gone
-            raise AdapterError(f"unloading {name}: {response.status_code} {response.text[:300]}")
+        reply = await self._post("unload_lora_adapter", {"lora_name": name})
+        if reply.status not in (200, 404):  # 404: already gone
+            raise AdapterError(f"unloading {name}: {reply.status} {reply.text[:300]}")

@@ -20,8 +20,8 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import anyio
-import httpx
 import orjson
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
@@ -38,7 +38,7 @@ from tracemill.serving.revising import UNCHANGED, Look, Revised, look, revise_me
 from tracemill.serving.stream import DONE, EventSplitter, Streamer, event
 from tracemill.serving.toolsets import Toolset, Toolsets
 from tracemill.serving.tracing import Exchange, record
-from tracemill.serving.upstream import ClientGone, Upstream, error_body, error_response, until_disconnect
+from tracemill.serving.upstream import ClientGone, Upstream, UpstreamError, error_body, error_response, until_disconnect
 from tracemill.tools import ToolFormatError
 
 
@@ -80,7 +80,7 @@ class Proxy:
         self.toolsets = Toolsets()
         static = config.reviser
         reviser = make_reviser(static)
-        adapters = Adapters(config.vllm, self.upstream.client) if config.vllm else None
+        adapters = Adapters(config.vllm, lambda: self.upstream.session) if config.vllm else None
         self.follower = Follower(config.db_url, Serving(static, reviser, in_process=static in ("rules", "none",
                                                                                                "json-repair")),
                                  adapters, config.poll_seconds, self.metrics.plan)
@@ -98,7 +98,7 @@ class Proxy:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self.follower.close()
-            await self.upstream.close()
+            await self.upstream.aclose()
             if self.config.trace:  # now: uvicorn re-raises SIGTERM after shutdown, so atexit handlers never run
                 from tracemill.sdk import core
 
@@ -156,34 +156,31 @@ class Proxy:
         if isinstance(call, Response):
             self.metrics.requests.labels("chat", str(call.status_code)).inc()
             return call
-        upstream = self.upstream.client.build_request(
-            "POST", self.upstream.url("/v1/chat/completions"), content=call.raw,
-            headers=self.upstream.headers(request, identity=True))
         if call.body.get("stream"):
-            return await self._stream(request, call, upstream)
+            return await self._stream(request, call)
         started = time.perf_counter()
         try:
-            response = await until_disconnect(request, self.upstream.fetch(upstream))
+            answer = await until_disconnect(request, self.upstream.fetch("POST", "/v1/chat/completions", request,
+                                                                         call.raw))
         except ClientGone:
             return Response(status_code=499)
-        except httpx.HTTPError as exc:
-            answer = self.upstream.error(exc)
-            call.exchange.error = answer.body.decode()
-            return self._with(answer, call, None)
+        except UpstreamError as exc:
+            failed = self.upstream.error(exc)
+            call.exchange.error = failed.body.decode()
+            return self._with(failed, call, None)
         call.exchange.upstream_ms = (time.perf_counter() - started) * 1000
         self.metrics.upstream_seconds.observe(call.exchange.upstream_ms / 1000)
-        returned = self.upstream.returned(response.headers, decoded=True)
-        if response.status_code != 200:
-            call.exchange.error = f"the upstream answered {response.status_code}: {response.text[:500]}"
-            return self._with(Response(response.content, response.status_code, returned), call, None)
+        if answer.status != 200:
+            call.exchange.error = f"the upstream answered {answer.status}: {answer.body[:500].decode(errors='replace')}"
+            return self._with(Response(answer.body, answer.status, answer.headers), call, None)
         try:
-            data = orjson.loads(response.content)
+            data = orjson.loads(answer.body)
             choices = [c for c in data["choices"] if isinstance(c, dict)]
         except (orjson.JSONDecodeError, KeyError, TypeError):
-            return self._with(Response(response.content, 200, returned), call, "unread")
+            return self._with(Response(answer.body, 200, answer.headers), call, "unread")
         outcome = await self._check(call, data, choices)
-        content = response.content if outcome in (UNCHANGED, "refused", None) else orjson.dumps(data)
-        return self._with(Response(content, 200, returned), call, outcome)
+        content = answer.body if outcome in (UNCHANGED, "refused", None) else orjson.dumps(data)
+        return self._with(Response(content, 200, answer.headers), call, outcome)
 
     def _with(self, response: Response, call: _Call, outcome: str | None) -> Response:
         response.headers.update(self._headers(call, outcome))
@@ -218,43 +215,47 @@ class Proxy:
             return None
         return next((o for o in outcomes if o != UNCHANGED), UNCHANGED)
 
-    async def _stream(self, request: Request, call: _Call, upstream: httpx.Request) -> Response:
+    async def _stream(self, request: Request, call: _Call) -> Response:
         started = time.perf_counter()
         try:
-            response = await until_disconnect(request, self.upstream.client.send(upstream, stream=True))
+            response = await until_disconnect(request, self.upstream.open("POST", "/v1/chat/completions", request,
+                                                                          call.raw))
         except ClientGone:
             return Response(status_code=499)
-        except httpx.HTTPError as exc:
-            answer = self.upstream.error(exc)
-            call.exchange.error = answer.body.decode()
-            return self._with(answer, call, None)
-        if response.status_code != 200 or "text/event-stream" not in response.headers.get("content-type", ""):
+        except UpstreamError as exc:
+            failed = self.upstream.error(exc)
+            call.exchange.error = failed.body.decode()
+            return self._with(failed, call, None)
+        returned = self.upstream.returned(response)
+        if response.status != 200 or "text/event-stream" not in response.headers.get("content-type", ""):
             try:
-                await response.aread()
-            finally:
-                await response.aclose()
-            if response.status_code != 200:
-                call.exchange.error = f"the upstream answered {response.status_code}: {response.text[:500]}"
-            returned = self.upstream.returned(response.headers, decoded=True)
-            return self._with(Response(response.content, response.status_code, returned), call, None)
+                body = await response.read()
+            except UpstreamError as exc:
+                self.upstream.close(response, finished=False)
+                return self._with(self.upstream.error(exc), call, None)
+            self.upstream.close(response, finished=True)
+            if response.status != 200:
+                call.exchange.error = f"the upstream answered {response.status}: {body[:500].decode(errors='replace')}"
+            return self._with(Response(body, response.status, returned), call, None)
         call.exchange.upstream_ms = (time.perf_counter() - started) * 1000
-        returned = self.upstream.returned(response.headers, decoded=True)
         returned.update(self._headers(call, None))
         return StreamingResponse(self._events(call, response, started), 200, returned,
                                  media_type="text/event-stream")
 
-    async def _events(self, call: _Call, response: httpx.Response, started: float) -> AsyncIterator[bytes]:
+    async def _events(self, call: _Call, response: aiohttp.ClientResponse, started: float) -> AsyncIterator[bytes]:
         streamer = Streamer(call.toolset.index if call.toolset is not None else {}, call.text_calls)
         splitter = EventSplitter()
         status = 200
+        finished = False
         try:
-            async for data in response.aiter_bytes():
+            async for data in self.upstream.chunks(response):
                 for raw in splitter.feed(data):
                     for out in streamer.feed(raw):
                         yield out
                     for at in streamer.finished():
                         for out in await self._close(call, streamer, at):
                             yield out
+            finished = True
             for raw in filter(None, [splitter.rest()]):
                 for out in streamer.feed(raw):
                     yield out
@@ -264,15 +265,14 @@ class Proxy:
                     yield out
             if streamer.done:
                 yield DONE
-        except httpx.HTTPError as exc:
+        except UpstreamError as exc:
             status = 502
-            answer = self.upstream.error(exc)
-            call.exchange.error = answer.body.decode()
-            yield event(error_body(answer.status_code, f"the stream broke off: {call.exchange.error}",
+            failed = self.upstream.error(exc)
+            call.exchange.error = failed.body.decode()
+            yield event(error_body(failed.status_code, f"the stream broke off: {call.exchange.error}",
                                    "upstream_error"))
         finally:
-            with anyio.CancelScope(shield=True):
-                await response.aclose()
+            self.upstream.close(response, finished)
             call.exchange.upstream_ms = (time.perf_counter() - started) * 1000 - call.exchange.revise_ms
             call.exchange.response_model = streamer.template.get("model")
             call.exchange.usage = streamer.usage if isinstance(streamer.usage, dict) else None
@@ -294,17 +294,15 @@ class Proxy:
 
     async def models(self, request: Request) -> Response:
         try:
-            response = await self.upstream.fetch(self.upstream.client.build_request(
-                "GET", self.upstream.url("/v1/models"), headers=self.upstream.headers(request, identity=True)))
-        except httpx.HTTPError as exc:
+            answer = await self.upstream.fetch("GET", "/v1/models", request, None)
+        except UpstreamError as exc:
             return self.upstream.error(exc)
-        returned = self.upstream.returned(response.headers, decoded=True)
         try:
-            data = orjson.loads(response.content)
+            data = orjson.loads(answer.body)
             data["data"] = [m for m in data["data"] if not str(m.get("id", "")).startswith(PREFIX)]
         except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
-            return Response(response.content, response.status_code, returned)
-        return Response(orjson.dumps(data), response.status_code, returned)
+            return Response(answer.body, answer.status, answer.headers)
+        return Response(orjson.dumps(data), answer.status, answer.headers)
 
     async def revise(self, request: Request) -> Response:
         try:
@@ -346,16 +344,23 @@ class Proxy:
         return Response(self.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def passthrough(self, request: Request) -> Response:
-        upstream = self.upstream.client.build_request(
-            request.method, self.upstream.url(request.url.path), params=request.query_params,
-            headers=self.upstream.headers(request, identity=False), content=request.stream())
+        body = await request.body()
         try:
-            response = await self.upstream.client.send(upstream, stream=True)
-        except httpx.HTTPError as exc:
+            response = await self.upstream.open(request.method, request.url.path, request, body or None,
+                                                identity=False)
+        except UpstreamError as exc:
             return self.upstream.error(exc)
-        return StreamingResponse(response.aiter_raw(), response.status_code,
-                                 self.upstream.returned(response.headers, decoded=False),
-                                 background=BackgroundTask(response.aclose))
+
+        async def relay() -> AsyncIterator[bytes]:
+            finished = False
+            try:
+                async for data in self.upstream.chunks(response):
+                    yield data
+                finished = True
+            finally:
+                self.upstream.close(response, finished)
+
+        return StreamingResponse(relay(), response.status, self.upstream.returned(response))
 
 
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
