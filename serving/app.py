@@ -34,7 +34,7 @@ from tracemill.serving.adapters import PREFIX, Adapters
 from tracemill.serving.follow import Follower
 from tracemill.serving.metrics import Metrics
 from tracemill.serving.plan import Serving, conversation_of
-from tracemill.serving.revising import UNCHANGED, Look, Revised, look, revise_message
+from tracemill.serving.revising import UNCHANGED, Look, Revised, ask, look, revise_message
 from tracemill.serving.stream import DONE, EventSplitter, Streamer, event
 from tracemill.serving.toolsets import Toolset, Toolsets
 from tracemill.serving.tracing import Exchange, record
@@ -327,11 +327,12 @@ class Proxy:
         plan = self.follower.plan
         serving = plan.pick(conversation_of(request.headers, {"messages": context or []}) if plan.canary else None)
         if serving.in_process:
-            revision = serving.reviser(raw, index, context)
+            revision, failed = ask(serving.reviser, raw, index, context)
         else:
-            revision = await anyio.to_thread.run_sync(serving.reviser, raw, index, context)
+            revision, failed = await anyio.to_thread.run_sync(ask, serving.reviser, raw, index, context)
         self.metrics.requests.labels("revise", "200").inc()
-        return JSONResponse({**revision.to_dict(), "version": serving.version, "role": serving.role})
+        return JSONResponse({**revision.to_dict(), "version": serving.version, "role": serving.role,
+                             "reviser_error": failed})
 
     async def healthz(self, request: Request) -> Response:
         plan = self.follower.plan

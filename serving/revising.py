@@ -103,14 +103,23 @@ def openai_call(call: ToolCall, call_id: str | None = None) -> dict[str, Any]:
             "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)}}
 
 
+def ask(reviser: Reviser, raw: str, index: Mapping[str, Tool],
+        context: Sequence[Any] | None) -> tuple[Revision, str | None]:
+    """The reviser's revision, and why it failed when it did: then the rules' revision stands, so that a model
+    reviser that fails never fails the request."""
+    try:
+        return reviser(raw, index, context), None
+    except Exception as exc:
+        failed = f"{type(exc).__name__}: {exc}"
+        log.warning("the model reviser failed (%s); the rules' answer stands", failed)
+        return revise(raw, index, context), failed
+
+
 def _ask(reviser: Reviser, raw: str, index: Mapping[str, Tool], context: Sequence[Any] | None,
          out: Revised) -> Revision:
-    try:
-        return reviser(raw, index, context)
-    except Exception as exc:  # a model reviser that fails must not fail the request: the rules' answer stands
-        out.reviser_failed = f"{type(exc).__name__}: {exc}"
-        log.warning("the model reviser failed (%s); the rules' answer stands", out.reviser_failed)
-        return revise(raw, index, context)
+    revision, failed = ask(reviser, raw, index, context)
+    out.reviser_failed = failed or out.reviser_failed
+    return revision
 
 
 def revise_message(content: Any, seen: Look, index: Mapping[str, Tool], context: Sequence[Any] | None,

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from openai import APIStatusError, OpenAI
+from openai import APIError, APIStatusError, OpenAI
 from scripted_model import Reply, ScriptedModel, ServerThread, native
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -252,6 +252,18 @@ def test_an_upstream_that_is_down_or_too_slow_gets_a_clear_answer(model, start_p
         with pytest.raises(APIStatusError) as failure:
             down.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], stream=stream)
         assert failure.value.status_code == 502 and "could not be reached" in failure.value.message
+
+
+def test_a_stream_that_stalls_ends_with_an_error_instead_of_hanging(model, start_proxy) -> None:
+    scripted, upstream = model
+    scripted.replies["stall"] = Reply("thinking " * 4, chunk_delay=3)
+    client = _client(start_proxy(upstream.url + "/v1", timeout=0.5))
+    started = time.monotonic()
+    with pytest.raises(APIError, match="the stream broke off.*did not answer in time"):
+        for _ in client.chat.completions.create(model="scripted-llama", stream=True,
+                                                messages=[{"role": "user", "content": "stall"}]):
+            pass
+    assert time.monotonic() - started < 3
 
 
 def test_a_client_that_disconnects_cancels_the_upstream_request(model, start_proxy) -> None:
