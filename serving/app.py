@@ -67,7 +67,6 @@ class _Call:
     body: dict[str, Any]
     toolset: Toolset | None
     serving: Serving
-    conversation_id: str | None
     text_calls: bool
     exchange: Exchange
 
@@ -124,8 +123,7 @@ class Proxy:
         serving = plan.pick(conversation_of(request.headers, body) if plan.canary else None)
         conversation_id = request.headers.get("x-conversation-id")
         exchange = Exchange(request.headers, body, toolset, serving, conversation_id, time.time_ns())
-        return _Call(raw, body, toolset, serving, conversation_id,
-                     toolset is not None and body.get("tool_choice") != "none", exchange)
+        return _Call(raw, body, toolset, serving, toolset is not None and body.get("tool_choice") != "none", exchange)
 
     async def _revise(self, call: _Call, content: Any, seen: Look) -> Revised:
         context = call.body.get("messages") if isinstance(call.body.get("messages"), list) else None
@@ -136,7 +134,9 @@ class Proxy:
             revised = revise_message(*args)
         else:
             revised = await anyio.to_thread.run_sync(revise_message, *args)
-        call.exchange.revise_ms += (time.perf_counter() - started) * 1000
+        took = time.perf_counter() - started
+        call.exchange.revise_ms += took * 1000
+        self.metrics.revise_seconds.observe(took)
         self.metrics.revised(revised, call.serving.version)
         return revised
 

@@ -333,7 +333,7 @@ def test_revise_endpoint_health_and_metrics(model, start_proxy) -> None:
     metrics = httpx.get(proxy.url + "/metrics").text
     assert 'tracemill_serve_revisions_total{outcome="revised",version="rules"} 1.0' in metrics
     assert 'tracemill_serve_revision_steps_total{kind="close_brackets"} 1.0' in metrics
-    assert "tracemill_serve_upstream_seconds_bucket" in metrics
+    assert "tracemill_serve_upstream_seconds_bucket" in metrics and "tracemill_serve_revise_seconds_count 1.0" in metrics
 
 
 def test_bad_requests_get_a_clear_error(model, start_proxy) -> None:
