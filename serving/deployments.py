@@ -7,7 +7,9 @@
 
 A version is a row of `models`, or `rules` (model_id None: the deterministic reviser alone). Rolling back walks the
 history: each rollback undoes the newest deploy not undone yet, so two rollbacks after two deploys are back where the
-history started (rules alone). Each row says who, when and why (the model's eval figures and a note).
+history started (rules alone). Each row says who, when and why (the model's eval figures and a note). The rows mean
+what they mean to every reader of the table (the UI's deploy page, `store.learning.serving_now`): the active version is
+the newest `active` row's, and a canary runs while the newest `canary` row is a `canary` (`end_canary` ends it).
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from typing import Any
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
+from tracemill.store import learning
 from tracemill.store.tables import DeploymentRow, ModelRow
 
 RULES = "rules"
+_ALL = 1_000_000  # rows of history read to replay it
 
 
 class DeployError(ValueError):
@@ -80,35 +84,34 @@ def newest_id(session: Session) -> int | None:
     return session.execute(select(func.max(DeploymentRow.id))).scalar()
 
 
-def _replay(rows: list[DeploymentRow]) -> tuple[list[int | None], int | None, float | None, bool]:
-    """(the stack of active model ids, oldest first; the canary's model id; its share; whether a canary runs)."""
+def _replay(rows: list[learning.Deployment]) -> tuple[list[int | None], learning.Deployment | None]:
+    """(the stack of active model ids, oldest first, whose top is the newest active row's; the running canary's row).
+    Each rollback row names the version it goes back to and undoes the newest deploy not undone yet."""
     stack: list[int | None] = [None]
-    canary: int | None = None
-    percent: float | None = None
-    running = False
+    canary: learning.Deployment | None = None
     for row in rows:
         if row.role == "canary":
-            running = row.action == "canary"
-            canary, percent = (row.model_id, row.canary_percent) if running else (None, None)
+            canary = row if row.action == "canary" else None
         elif row.action == "rollback":
             if len(stack) > 1:
                 stack.pop()
             stack[-1] = row.model_id
         else:
             stack.append(row.model_id)
-    return stack, canary, percent, running
+    return stack, canary
 
 
 def served(session: Session) -> Served:
-    rows = list(session.execute(select(DeploymentRow).order_by(DeploymentRow.id)).scalars())
+    rows = list(reversed(learning.deployments(session.connection(), limit=_ALL)))
     if not rows:
         return Served(Version(RULES))
-    stack, canary, percent, running = _replay(rows)
-    wanted = {m for m in (stack[-1], canary) if m is not None}
+    stack, canary = _replay(rows)
+    wanted = {m for m in (stack[-1], canary.model_id if canary else None) if m is not None}
     models = {m.id: m for m in session.execute(select(ModelRow).where(ModelRow.id.in_(wanted))).scalars()}
+    running = Version.of(models.get(canary.model_id)) if canary and canary.model_id is not None else Version(RULES)
     return Served(Version.of(models.get(stack[-1])) if stack[-1] is not None else Version(RULES),
-                  (Version.of(models.get(canary)) if canary is not None else Version(RULES)) if running else None,
-                  percent if running else None, rows[-1].id, stack[-2] if len(stack) > 1 else None, len(stack) > 1)
+                  running if canary else None, canary.canary_percent if canary else None, rows[-1].id,
+                  stack[-2] if len(stack) > 1 else None, len(stack) > 1)
 
 
 def find_model(session: Session, ref: str) -> ModelRow | None:
@@ -170,7 +173,7 @@ def rollback(engine: Engine, actor: str, note: str | None = None) -> DeploymentR
         state = served(session)
         why: dict[str, Any] = {"note": note} if note else {}
         if state.canary is not None:
-            row = _row(None, "canary", "rollback", actor, {**why, "ended": state.canary.name})
+            row = _row(None, "canary", "end_canary", actor, {**why, "ended": state.canary.name, "by": "rollback"})
         elif state.can_roll_back:
             back = session.get(ModelRow, state.rollback_to) if state.rollback_to is not None else None
             row = _row(back, "active", "rollback", actor, {**why, "replaces": state.active.name})
@@ -182,13 +185,9 @@ def rollback(engine: Engine, actor: str, note: str | None = None) -> DeploymentR
 
 def history(session: Session, limit: int | None = None) -> list[HistoryRow]:
     """The deployments, newest first."""
-    statement = select(DeploymentRow, ModelRow.name).outerjoin(ModelRow, ModelRow.id == DeploymentRow.model_id)
-    statement = statement.order_by(DeploymentRow.id.desc())
-    if limit is not None:
-        statement = statement.limit(limit)
-    found = []
-    for row, name in session.execute(statement):
-        version = "" if row.action in ("end_canary", "rollback") and row.role == "canary" else (name or RULES)
-        found.append(HistoryRow(row.id, row.created_at.isoformat(timespec="seconds"), row.action, row.role, version,
-                                row.canary_percent, row.actor, row.justification or {}))
-    return found
+    rows = learning.deployments(session.connection(), limit=limit or _ALL)
+    ids = {r.model_id for r in rows if r.model_id is not None}
+    names = {i: n for i, n in session.execute(select(ModelRow.id, ModelRow.name).where(ModelRow.id.in_(ids)))}
+    return [HistoryRow(r.id, r.created_at.isoformat(timespec="seconds"), r.action, r.role,
+                       "" if r.role == "canary" and r.action != "canary" else names.get(r.model_id, RULES),
+                       r.canary_percent, r.actor, r.justification or {}) for r in rows]
