@@ -4,10 +4,11 @@ miner mines it like any agent's traffic.
 - `chat {model}` (CLIENT): the upstream's answer as it came (its native calls with their arguments exactly as sent,
   and its text), the tools and the conversation; with `tracemill.serving.*`: the version that served the request,
   its role (active, canary, static), the deployment, what the revision did and its steps, and the latencies.
-- `revise {version}` (INTERNAL, a child), only when the answer needed revising: what the client got, as the output of
-  the model `tracemill-reviser:{version}`, so that `tracemill stats` and `tracemill failures` split by model compare
-  versions on the answers they revised (a canary beside the active version). It names the span it revised in
-  `tracemill.serving.revision_of`; it is the reviser's work, never the agent's own repair.
+- `revise {version}` (INTERNAL), only when the answer needed revising: what the client got, as the output of the
+  model `tracemill-reviser:{version}`, so that `tracemill stats` and `tracemill failures` split by model compare
+  versions on the answers they revised (a canary beside the active version). It is the root of a trace of its own,
+  linked to the span it revised (an OpenTelemetry link, and `tracemill.serving.revision_of`): it is the reviser's work,
+  and the miner, which looks for an agent's own repairs within a trace, must not take it for one.
 
 The parent is the agent's span when the request carries W3C trace context (`traceparent`).
 """
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import propagate, trace
+from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind
 
 from tracemill.sdk import core, genai
@@ -68,8 +70,9 @@ def _outcome(exchange: Exchange) -> str:
     return next((o for o in outcomes if o != UNCHANGED), UNCHANGED)
 
 
-def _start(exchange: Exchange, model: str, name: str, kind: SpanKind, context: Any) -> trace.Span:
-    span = core.tracer().start_span(name, context=context, kind=kind, start_time=exchange.start_ns)
+def _start(exchange: Exchange, model: str, name: str, kind: SpanKind, context: Any,
+           links: Sequence[trace.Link] = ()) -> trace.Span:
+    span = core.tracer().start_span(name, context=context, kind=kind, links=links, start_time=exchange.start_ns)
     messages = exchange.body.get("messages")
     core.set_attributes(span, genai.chat_attributes, model,
                         messages=messages if core.capture_messages() and isinstance(messages, list) else None,
@@ -112,8 +115,8 @@ def _record(exchange: Exchange) -> None:
         core.mark_error(span, "upstream_error", exchange.error)
     if outcome != UNCHANGED:
         reviser_model = REVISER_MODEL + serving.version
-        child = _start(exchange, reviser_model, f"revise {serving.version}", SpanKind.INTERNAL,
-                       trace.set_span_in_context(span))
+        child = _start(exchange, reviser_model, f"revise {serving.version}", SpanKind.INTERNAL, Context(),
+                       [trace.Link(span.get_span_context())])
         served = [{**m, "content": r.content, "tool_calls": r.tool_calls} if r is not None and r.changed else m
                   for m, r in zip(exchange.original, exchange.revised, strict=True)]
         _output(child, exchange, served, reviser_model)

@@ -215,8 +215,9 @@ def test_traces_land_in_a_real_collector(model, start_proxy, start_collector, sq
     assert len(chats) == len(chosen) and len(revisions) == 10
     by_id = {s.span_id: s for s in chats}
     for span in revisions:
-        parent = by_id[span.parent_span_id]
-        assert span.attributes["tracemill.serving.revision_of"] == parent.span_id
+        parent = by_id[span.attributes["tracemill.serving.revision_of"]]
+        assert span.trace_id != parent.trace_id and span.parent_span_id is None  # never the agent's own repair
+        assert [link["span_id"] for link in span.links] == [parent.span_id]
         assert parent.attributes["tracemill.serving.revision"] == "revised"
         assert parent.attributes["tracemill.serving.version"] == "rules"
         assert parent.attributes["tracemill.serving.upstream_ms"] > 0
@@ -333,7 +334,8 @@ def test_revise_endpoint_health_and_metrics(model, start_proxy) -> None:
     metrics = httpx.get(proxy.url + "/metrics").text
     assert 'tracemill_serve_revisions_total{outcome="revised",version="rules"} 1.0' in metrics
     assert 'tracemill_serve_revision_steps_total{kind="close_brackets"} 1.0' in metrics
-    assert "tracemill_serve_upstream_seconds_bucket" in metrics and "tracemill_serve_revise_seconds_count 1.0" in metrics
+    assert "tracemill_serve_upstream_seconds_bucket" in metrics
+    assert "tracemill_serve_revise_seconds_count 1.0" in metrics
 
 
 def test_bad_requests_get_a_clear_error(model, start_proxy) -> None:
