@@ -213,6 +213,14 @@ def test_a_rewritten_call_gets_the_parameters_the_tool_declares(raw):
     assert {StepKind.PARAM_NAME, StepKind.DROP_UNKNOWN} <= set(_kinds(revision))
 
 
+def test_a_tool_that_declares_no_parameters_gets_none_but_one_whose_schema_is_silent_keeps_them():
+    tools = [{"name": "status", "inputSchema": {"type": "object", "properties": {}}},
+             {"name": "anything", "inputSchema": {"type": "object"}}]
+    revision = revise('```json\n[{"name": "status", "arguments": {"format": "json"}}, '
+                      '{"name": "anything", "arguments": {"format": "json"}}]\n```', tools)
+    assert revision.ok and [c.arguments for c in revision.calls] == [{}, {"format": "json"}]
+
+
 def test_a_schema_that_takes_undeclared_parameters_keeps_them():
     tools = [{"name": "tag", "inputSchema": {"type": "object", "properties": {"id": {"type": "integer"}},
                                              "additionalProperties": True}}]

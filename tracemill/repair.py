@@ -209,10 +209,11 @@ def _fix(violation: Violation, arguments: dict[str, Any], schema: Mapping[str, A
 def _undeclared(arguments: dict[str, Any], schema: Mapping[str, Any], i: int, steps: list[Step]) -> bool:
     """In a call the reviser rewrites anyway: each parameter the tool does not declare is renamed to the one declared
     parameter it differs from only in case and separators, else dropped, unless the schema says it takes parameters
-    it does not declare (`additionalProperties` true or a schema). Whether anything changed."""
+    it does not declare (`additionalProperties` true or a schema) or declares none (no `properties`; `{}` declares
+    that there are none). Whether anything changed."""
     root = _resolve(schema, schema)
     props = root.get("properties") if isinstance(root, Mapping) else None
-    if not isinstance(props, Mapping) or not props:
+    if not isinstance(props, Mapping):  # a schema that declares no properties at all says nothing of them
         return False
     extra = root.get("additionalProperties", False)
     takes_others = extra is not False
