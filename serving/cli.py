@@ -7,7 +7,7 @@ import json
 
 import click
 
-from tracemill.store.cli import database_option, resolve_db
+from tracemill.store.cli import database_option, open_store, resolve_db
 
 
 def _actor() -> str:
@@ -18,23 +18,16 @@ def _actor() -> str:
 
 
 def _store(db_url: str | None, write: bool):  # type: ignore[no-untyped-def]
-    """The store's engine. Writing migrates a SQLite file (as the collector does); a PostgreSQL store must be migrated
-    on purpose. Reading never creates a store."""
-    from tracemill.store.engine import is_sqlite, make_engine
-    from tracemill.store.migrate import current_revision, head_revision, upgrade
-    from tracemill.store.sqlite_writer import database_path
+    """The store's engine: migrated for writing where it is a SQLite file (`open_store`); for reading, never created."""
+    from tracemill.store.engine import make_engine
+    from tracemill.store.migrate import current_revision
 
-    url = resolve_db(db_url)
-    path = database_path(url)
-    if not write and path is not None and not path.exists():
-        raise click.ClickException(f"no store at {url}: {path} does not exist")
-    engine = make_engine(url)
-    if write and is_sqlite(url):
-        upgrade(engine)
-    elif current_revision(engine) != head_revision():
-        raise click.ClickException(
-            f"the store at {engine.url.render_as_string(hide_password=True)} is at schema revision "
-            f"{current_revision(engine) or 'none'}, not {head_revision()}: run `tracemill db upgrade --db URL` first")
+    if write:
+        return open_store(db_url)
+    engine = make_engine(resolve_db(db_url), must_exist=True)
+    if current_revision(engine) is None:
+        raise click.ClickException(f"no Tracemill store at {engine.url.render_as_string(hide_password=True)} "
+                                   "(start the collector on it, or run `tracemill db upgrade`)")
     return engine
 
 
