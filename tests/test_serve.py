@@ -22,7 +22,6 @@ from tracemill.bfcl import answers_for, ast_match, load_bfcl
 from tracemill.examples import example_call
 from tracemill.faults import WEAK_PROFILES, corrupt_calls, sample_faults
 from tracemill.reader import holds_call
-from tracemill.serving.app import ServeConfig, create_app
 from tracemill.store.engine import make_engine
 from tracemill.store.tables import SpanRow, ToolCallRow
 from tracemill.tools import Tool, load_mcp_bench, tool_index
@@ -95,20 +94,6 @@ def model() -> Iterator[tuple[ScriptedModel, ServerThread]]:
     server = ServerThread(scripted.app()).start()
     yield scripted, server
     server.stop()
-
-
-@pytest.fixture
-def start_proxy() -> Iterator:  # type: ignore[type-arg]
-    started: list[ServerThread] = []
-
-    def start(upstream: str, **config: Any) -> ServerThread:
-        server = ServerThread(create_app(ServeConfig(upstream, **config))).start()
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
 
 
 def _client(proxy: ServerThread, **kwargs: Any) -> OpenAI:
