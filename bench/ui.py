@@ -18,17 +18,24 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from sqlalchemy import Engine  # noqa: E402
+from sqlalchemy.orm import Session  # noqa: E402
+
+from tracemill.miner.failures import failure_report  # noqa: E402
+from tracemill.serving import deployments  # noqa: E402
 from tracemill.settings import Settings  # noqa: E402
 from tracemill.simulate import simulate  # noqa: E402
 from tracemill.store import learning, queries, traces  # noqa: E402
 from tracemill.store.engine import make_engine  # noqa: E402
 from tracemill.store.migrate import upgrade  # noqa: E402
+from tracemill.store.tables import utcnow  # noqa: E402
 from tracemill.ui import decide, queue  # noqa: E402
 
 from support import CollectorProcess  # noqa: E402
@@ -77,6 +84,13 @@ def timed(fn: Callable[[], Any], repeat: int) -> dict[str, float]:
     return {"median_ms": round(statistics.median(times), 1), "max_ms": round(max(times), 1)}
 
 
+def models_page(engine: Engine) -> Any:
+    with engine.connect() as conn:
+        found = learning.models(conn)
+    with Session(engine) as session:
+        return found, deployments.served(session), deployments.history(session, limit=200)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--db", type=Path, default=ROOT / "bench" / "out" / "ui.db", help="kept between runs")
@@ -122,13 +136,15 @@ def main() -> None:
         "trace: spans, calls, toolsets": page(lambda c: (queries.trace_spans(c, trace, resolved=False),
                                                          queries.toolsets(c, [x.toolset_id for x in queries.trace_calls(
                                                              c, [trace])[trace] if x.toolset_id]))),
-        "failure modes: counts (cached 2 min)": page(queries.failure_counts),
+        "failure modes: the miner's clusters (cached 2 min)": lambda: failure_report(engine),
+        "failure modes: stage · kind, last 7 days": lambda: failure_report(
+            engine, queries.CallFilter(since=utcnow() - timedelta(days=7)), by=("stage", "kind")),
         "review: scan of new calls (none)": lambda: queue.scan(engine, rules, budget_s=0.5),
         "review: progress": lambda: queue.progress(engine),
         "review: next waiting": lambda: queue.waiting(engine, "bench"),
         "review: the item": lambda: decide.subject(engine, item),
         "datasets": page(learning.datasets),
-        "models and deployments": page(lambda c: (learning.models(c), learning.serving_now(c))),
+        "models and deployments": lambda: models_page(engine),
     }
     results = {name: timed(fn, args.repeat) for name, fn in checks.items()}
     width = max(map(len, results))

@@ -261,13 +261,18 @@ def compare_harness(source: Engine | Connection, a: str, b: str, where: CallFilt
                     by: Sequence[str] = GROUP_FIELDS, alpha: float = 0.05) -> list[HarnessComparison]:
     """Every mode seen under harness version `a` or `b`, with its rate under each (of all the calls each version
     made that `where` selects) and whether it changed; the modes that changed most first."""
-    reports = [failure_report(source, replace(where, harness_version=version), by=by) for version in (a, b)]
-    counts = [{m.key: m.count for m in r.modes} for r in reports]
-    keys = sorted(set(counts[0]) | set(counts[1]), key=lambda k: k.label(reports[0].fields))
+    return harness_changes(failure_report(source, replace(where, harness_version=None), by=by), a, b, alpha=alpha)
+
+
+def harness_changes(report: FailureReport, a: str, b: str, *, alpha: float = 0.05) -> list[HarnessComparison]:
+    """`compare_harness` on a report already read (its modes' `by_harness` splits), so that a page showing the report
+    compares versions without reading the store again."""
+    calls_a, calls_b = report.calls_by_harness.get(a, 0), report.calls_by_harness.get(b, 0)
+    seen = [m for m in report.modes if m.by_harness.get(a) or m.by_harness.get(b)]
     found = []
-    for key in keys:
-        x1, x2 = counts[0].get(key, 0), counts[1].get(key, 0)
-        z, p = two_proportion_test(x1, reports[0].total_calls, x2, reports[1].total_calls)
-        found.append(HarnessComparison(key, a, b, x1, reports[0].total_calls, x2, reports[1].total_calls, z, p,
-                                       p < alpha / max(1, len(keys)), reports[0].fields))
+    for mode in sorted(seen, key=lambda m: m.label):
+        x1, x2 = mode.by_harness.get(a, 0), mode.by_harness.get(b, 0)
+        z, p = two_proportion_test(x1, calls_a, x2, calls_b)
+        found.append(HarnessComparison(mode.key, a, b, x1, calls_a, x2, calls_b, z, p,
+                                       p < alpha / max(1, len(seen)), report.fields))
     return sorted(found, key=lambda c: (c.p_value, -abs(c.z), c.label))
