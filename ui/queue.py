@@ -171,8 +171,9 @@ def sidecar_items(conn: Connection, served: Sequence[queries.StoredCall], rules:
         if not guessed or link is None:
             continue
         by_index = {c.call_index: c for c in calls}
-        for sent in queries.calls(conn, queries.CallFilter(trace_id=str(link.get("trace_id")), failed=True)):
-            if sent.span_id == of:
+        sent_trace = str(link.get("trace_id"))
+        for sent in queries.trace_calls(conn, [sent_trace])[sent_trace]:
+            if sent.span_id == of and sent.failed:
                 proposal = by_index.get(sent.call_index, calls[0])
                 detail = f"the sidecar's reviser {version} revised it with {', '.join(guessed)}"
                 found[sent.id] = (LOW_CONFIDENCE, f"{detail}; served as call #{proposal.id}")
