@@ -8,13 +8,11 @@ from datetime import timedelta
 from typing import Any
 
 import streamlit as st
-from sqlalchemy import Engine
 
-from tracemill.miner.failures import GROUP_FIELDS, NONE, FailureReport, failure_report, harness_changes
+from tracemill.miner.failures import GROUP_FIELDS, NONE, FailureCounts, FailureReport, harness_changes
 from tracemill.rates import percent
-from tracemill.store.queries import CallFilter
 from tracemill.store.tables import utcnow
-from tracemill.ui.shell import context
+from tracemill.ui.shell import Context, context, kept
 
 SHOWN = 8  # modes drawn in the charts (the table lists every one)
 CLUSTERS = {"tool · stage · kind · pointer": GROUP_FIELDS, "tool · stage · kind": ("tool", "stage", "kind"),
@@ -22,10 +20,12 @@ CLUSTERS = {"tool · stage · kind · pointer": GROUP_FIELDS, "tool · stage · 
 PERIODS = {"all time": None, "last 30 days": 30, "last 7 days": 7, "last day": 1}
 
 
-@st.cache_data(ttl=120, show_spinner="Clustering failed calls…")
-def _report(store_key: str, _engine: Engine, fields: tuple[str, ...], days: int | None) -> FailureReport:
-    since = utcnow() - timedelta(days=days) if days is not None else None
-    return failure_report(_engine, CallFilter(since=since), by=fields)
+def _report(ctx: Context, fields: tuple[str, ...], days: int | None) -> FailureReport:
+    since = (utcnow() - timedelta(days=days)).date().isoformat() if days is not None else None
+    held = kept(ctx.store_key, "failure counts")
+    with held.lock, st.spinner("Counting new calls…"):
+        held.value = counts = (held.value or FailureCounts()).update(ctx.engine)
+        return counts.report(fields, since_day=since)
 
 
 def _rates(report: FailureReport, split: str, totals: dict[str, int]) -> Any:
@@ -45,7 +45,7 @@ def render() -> None:
     left, right = st.columns(2)
     cluster = left.selectbox("Cluster by", list(CLUSTERS), key="failures_by")
     period = right.selectbox("Calls made", list(PERIODS), key="failures_period")
-    report = _report(ctx.store_key, ctx.engine, CLUSTERS[cluster], PERIODS[period])
+    report = _report(ctx, CLUSTERS[cluster], PERIODS[period])
     if not report.total_calls:
         st.info("Nothing here yet: no tool call is stored" + ("" if PERIODS[period] is None else " for this period")
                 + ". Point an agent at the collector, or run `tracemill simulate`.")
