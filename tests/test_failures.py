@@ -1,5 +1,6 @@
 """`tracemill.miner.failures` and `tracemill failures` on calls the collector's writer stored, on SQLite and
-PostgreSQL: modes ranked by count with their shares, trends and splits; two harness versions compared with a test that
+PostgreSQL: modes ranked by count with their shares, trends and splits; counts kept between reads (and the trace
+explorer's filter values, kept the same way) that read only new calls; two harness versions compared with a test that
 calls a real drop significant and noise not."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from tracemill.cli import main
 from tracemill.collector.decode import Limits, decode_protobuf
 from tracemill.collector.persist import SpanWriter
 from tracemill.miner.failures import FailureCounts, compare_harness, failure_modes, failure_report, two_proportion_test
+from tracemill.store import traces
 from tracemill.store.engine import make_engine
 from tracemill.store.migrate import upgrade
 from tracemill.store.queries import CallFilter
@@ -86,6 +88,18 @@ def test_counts_kept_between_reads_read_only_new_calls_and_agree_with_a_fresh_re
     assert counts.update(engine, recount=4).report().to_dict() == failure_report(engine).to_dict()
     assert ("execution · upstream_error", 1) in [(m.label, m.count) for m in counts.report(("stage", "kind")).modes]
     assert counts.report(since_day="2026-06-01").total_calls == 0  # every call was made before that day
+    engine.dispose()
+
+
+def test_filter_values_kept_between_reads_read_only_new_calls(db_url: str) -> None:
+    engine = _store(db_url, {"v1": [(GOOD, 4), (UNKNOWN_TOOL, 2)]})
+    with engine.connect() as conn:
+        kept = traces.facets(conn, window=4)
+    _store(db_url, {"v2": [(GOOD, 3)]}, first=1000)
+    with engine.connect() as conn:
+        kept = traces.facets(conn, known=kept, window=4)
+        assert kept == traces.facets(conn)
+    assert kept.harness_versions == {"v1": 6, "v2": 3} and kept.tools == {"get_weather": 7, "get_wether": 2}
     engine.dispose()
 
 
