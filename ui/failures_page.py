@@ -62,7 +62,11 @@ def render() -> None:
     st.caption(f"Rates are of every call made (on that day, by that model, under that harness version); the charts "
                f"show the {min(SHOWN, len(report.modes))} most frequent modes.")
     st.subheader("Over time")
-    st.line_chart(_rates(report, "by_day", report.calls_by_day), height=280, y_label="failure rate")
+    by_day = _rates(report, "by_day", report.calls_by_day)
+    if len(by_day) > 2:
+        st.line_chart(by_day, height=280, y_label="failure rate")
+    else:  # a line needs more days than this
+        st.bar_chart(by_day, height=280, y_label="failure rate", stack=False)
     st.subheader("By harness version")
     st.bar_chart(_rates(report, "by_harness", report.calls_by_harness), height=280, y_label="failure rate",
                  stack=False)
