@@ -103,16 +103,18 @@ def choose(driver: WebDriver, label: str, option_text: str) -> None:
     option.click()
 
 
-def medical_item(driver: WebDriver) -> WebElement:
-    open_page(driver, "Review queue")
-    button(driver, "medical").click()
-    return wait_for(lambda: driver.find_element(By.CSS_SELECTOR, "textarea[aria-label='Call']"))
-
-
 def idle(driver: WebDriver) -> None:
     """Wait until the app has finished running its script (the status widget shows while it runs)."""
     time.sleep(0.5)
     wait_for(lambda: not driver.find_elements(By.CSS_SELECTOR, "[data-testid='stStatusWidget']"))
+
+
+def medical_item(driver: WebDriver) -> WebElement:
+    open_page(driver, "Review queue")
+    button(driver, "medical").click()
+    wait_for(lambda: driver.find_element(By.CSS_SELECTOR, "textarea[aria-label='Call']"))
+    idle(driver)
+    return driver.find_element(By.CSS_SELECTOR, "textarea[aria-label='Call']")
 
 
 def shown_item(driver: WebDriver) -> tuple[int, dict[str, Any]] | None:
@@ -185,7 +187,7 @@ def test_a_reviewer_edits_and_approves_a_medical_call_and_a_viewer_is_refused(  
         with engine.connect() as conn:
             before = len(learning.reviews(conn))
         button(driver, "Approve").click()
-        wait_for(lambda: "Refused" in text_of(driver) and "only reviewers and admins decide" in text_of(driver))
+        wait_for(lambda: "Refused" in text_of(driver) and "only reviewers and admins decide" in text_of(driver), 60)
         with engine.connect() as conn:
             assert len(learning.reviews(conn)) == before
     finally:
