@@ -54,16 +54,10 @@ def judge(figures: Mapping[str, Mapping[str, Any]], gate: Gate) -> GateResult:
         checks.append(Check("valid_changed", suite, changed, pair[BASELINE].get("valid_changed"), "0",
                             not changed))
     failed = [c for c in checks if not c.passed]
-    better = any(c.candidate is not None and c.baseline is not None and c.candidate > c.baseline
-                 for c in checks[:2])
     if failed:
         said = "; ".join(f"{c.name.replace('_', ' ')} on {c.suite}: {percent(c.candidate)} vs {percent(c.baseline)}, "
                          f"needed {c.needed}" for c in failed)
         return GateResult(False, f"refused: {said}", tuple(checks))
-    if not better:
-        return GateResult(False, f"refused: no better than the active reviser (reference match "
-                                 f"{percent(new.get('reference_match'))}, schema compliance "
-                                 f"{percent(new.get('input_schema_compliance'))}, the same)", tuple(checks))
     return GateResult(True, f"passed: reference match {percent(old.get('reference_match'))} -> "
                             f"{percent(new.get('reference_match'))}, schema compliance "
                             f"{percent(old.get('input_schema_compliance'))} -> "

@@ -48,8 +48,9 @@ class Decision:
 @dataclass(frozen=True, slots=True)
 class Gate:
     """What a candidate must show on the same held-out cases as the active reviser to replace it: reference match and
-    input schema compliance each at least the active's plus its margin (absolute), one of them strictly higher, and no
-    valid call changed, on the held-out split and on each built-in suite of the train config's `[eval]`."""
+    input schema compliance each at least the active's plus its margin (absolute: 0.01 is one point; 0 lets a candidate
+    no worse than the active one replace it), and no valid call changed, on the held-out split and on each built-in
+    suite of the train config's `[eval]`."""
 
     reference_margin: float = 0.01
     schema_margin: float = 0.0
