@@ -193,10 +193,11 @@ class _Cycle:
             if not self.lock.renew(conn):
                 raise CycleError("the cycle lock was lost before deploying: nothing deployed")
             rows = deploy_in(session, model.name, self.settings.actor, note=f"cycle {self.id}: gate {verdict.reason}")
+            deployment = rows[-1].id
             record.write(conn, self.id, **record.finished(Status.DONE, step=Step.DONE, deployed=True,
-                                                          deployment_id=rows[-1].id))
+                                                          deployment_id=deployment))
             self.say(f"deploy: committing {model.name} as active")
-        self.say(f"deploy: {model.name} is active (deployment {rows[-1].id})")
+        self.say(f"deploy: {model.name} is active (deployment {deployment})")
         return self.get()
 
 

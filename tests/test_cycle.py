@@ -198,6 +198,22 @@ def test_the_gate_refuses_a_worse_reviser_on_the_same_held_out_cases(plateau):
     assert better.passed and better.reason.startswith("passed: reference match")
 
 
+@pytest.mark.postgres
+def test_cycles_are_recorded_on_postgresql(postgres_url, tmp_path):
+    engine = make_engine(postgres_url)
+    upgrade(engine)
+    engine.dispose()
+    send(postgres_url, tmp_path, VERSIONS[:2], traces=15, seed=30)
+    settings = CycleSettings(store=postgres_url, work=tmp_path / "cycles", base_model="unused")
+    first = run_cycle(settings)
+    assert first.status == "done" and first.decision == "harness" and first.dataset_id is not None
+    assert [r["version"] for r in first.harness_rates] == VERSIONS[:2] and "2 harness version(s) seen" in first.reason
+    again = run_cycle(settings)
+    assert again.since_call_id is None and again.new_calls == first.new_calls  # nothing trained: the same calls
+    listed = json.loads(CliRunner().invoke(main, ["cycle", "--history", "--db", postgres_url, "--json"]).output)
+    assert [c["id"] for c in listed] == [again.id, first.id] and all(c["status"] == "done" for c in listed)
+
+
 # --- whole cycles with the tiny model -------------------------------------------------------------------------------
 
 CONFIG = """
@@ -289,7 +305,8 @@ def test_a_cycle_killed_at_each_step_leaves_the_deployment_as_it_was(tiny, tmp_p
     db = f"sqlite:///{tmp_path / 'traffic.db'}"
     send(db, tmp_path, ["prompt-v1"], traces=30, seed=50)
     path = config(tmp_path, tiny, force=True, eval_share=0.3)
-    killed = {}
+    killed: dict[int, str] = {}
+    previous = None
     for pause, step in (("mine:", "mine"), ("decide:", "decide"), ("train:", "train"), ("evaluate:", "evaluate"),
                         ("deploy: committing", "deploy")):
         process = subprocess.Popen([sys.executable, str(DRIVER), str(path), db, pause], stdout=subprocess.PIPE,
@@ -302,15 +319,17 @@ def test_a_cycle_killed_at_each_step_leaves_the_deployment_as_it_was(tiny, tmp_p
         process.kill()  # SIGKILL: no handler runs, no transaction commits
         process.wait()
         assert output and output[-1].strip() == "PAUSED", "".join(output[-30:])
+        if previous is not None:  # the one before was marked by this one, which held the lock after it
+            assert f"cycle {previous[0]} was killed at step {previous[1]}" in "".join(output)
         assert active(db) == "rules", pause
         newest = cycles(db)[0]
         assert newest.status == "running" and newest.step == step and not newest.deployed
         killed[newest.id] = step
+        previous = (newest.id, step)
     done = subprocess.run([sys.executable, str(DRIVER), str(path), db], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "deployed=True" in done.stdout
-    for cycle_id, step in killed.items():
-        assert f"cycle {cycle_id} was killed at step {step}" in done.stdout
+    assert f"cycle {previous[0]} was killed at step deploy" in done.stdout
     rows = {r.id: r for r in cycles(db)}
     assert all(rows[i].status == "interrupted" and f"ended at step {s}" in rows[i].error for i, s in killed.items())
     final = rows[max(rows)]
