@@ -183,6 +183,14 @@ def test_harness_tuning_still_pays_then_plateaus_and_the_decision_follows(platea
     assert listed[1]["harness_rates"][0]["version"] == "prompt-v1"
 
 
+def test_calls_that_name_no_harness_version_leave_the_decision_to_the_failures(sqlite_url):
+    engine = open_store(sqlite_url)
+    enough, short = decide(engine, 5, Decision(min_new_failures=5)), decide(engine, 4, Decision(min_new_failures=5))
+    engine.dispose()
+    assert enough.decision == "train" and "harness tuning cannot be judged" in enough.reason
+    assert short.decision == "wait" and "4 new failed call(s)" in short.reason
+
+
 def test_the_gate_refuses_a_worse_reviser_on_the_same_held_out_cases(plateau):
     engine = open_store(plateau["db"])
     with engine.connect() as conn:
