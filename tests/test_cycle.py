@@ -343,8 +343,9 @@ def test_a_cycle_killed_at_each_step_leaves_the_deployment_as_it_was(tiny, tmp_p
     final = rows[max(rows)]
     assert final.status == "done" and final.deployed and active(db) == model_name(db, final.model_id)
     assert final.since_call_id is None  # the killed ones trained nothing that counts: it starts clean
-    for cycle_id, step in killed.items():  # their folders are gone, but for the one whose model was registered
-        assert (tmp_path / "cycles" / f"cycle-{cycle_id:04d}").exists() == (step == "deploy")
+    for cycle_id, step in killed.items():  # their training is gone, but for the one whose model was registered
+        assert (tmp_path / "cycles" / f"cycle-{cycle_id:04d}" / "run").exists() == (step == "deploy")
+        assert (tmp_path / "cycles" / f"cycle-{cycle_id:04d}" / "dataset").exists() == (step != "mine")
 
 
 def model_name(db: str, model_id: int) -> str:
