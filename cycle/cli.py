@@ -108,9 +108,10 @@ def _every(settings: Any, period: float, as_json: bool) -> None:
                 _once(settings, as_json)
             except click.ClickException as exc:
                 click.echo(f"cycle: {exc.message}", err=True)
-            wait = max(0.0, period - (time.monotonic() - started))
-            click.echo(f"next cycle in {wait / 3600:.2f} h (Ctrl-C stops)", err=True)
-            stop.wait(wait)
+            due = started + period
+            click.echo(f"next cycle in {max(0.0, due - time.monotonic()) / 3600:.2f} h (Ctrl-C stops)", err=True)
+            while not stop.is_set() and time.monotonic() < due:  # short waits: the main thread sees Ctrl-C at once
+                stop.wait(min(1.0, due - time.monotonic()))
     except KeyboardInterrupt:
         pass
     click.echo("stopped", err=True)

@@ -367,7 +367,7 @@ def test_every_runs_in_the_foreground_and_ctrl_c_stops_it_cleanly(tmp_path):
         if line.startswith("next cycle in 1.00 h"):
             break
     process.send_signal(signal.SIGINT)
-    rest, _ = process.communicate(timeout=30)
+    rest, _ = process.communicate(timeout=60)
     assert process.returncode == 0, "".join(output) + rest
     assert "decision wait: no new calls" in "".join(output) and rest.strip().endswith("stopped")
     assert [c.decision for c in cycles(db)] == ["wait"]
