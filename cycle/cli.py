@@ -101,6 +101,7 @@ def _every(settings: Any, period: float, as_json: bool) -> None:
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # also where it was started with SIGINT ignored (`&`)
     try:
         while not stop.is_set():
             started = time.monotonic()
@@ -108,10 +109,9 @@ def _every(settings: Any, period: float, as_json: bool) -> None:
                 _once(settings, as_json)
             except click.ClickException as exc:
                 click.echo(f"cycle: {exc.message}", err=True)
-            due = started + period
-            click.echo(f"next cycle in {max(0.0, due - time.monotonic()) / 3600:.2f} h (Ctrl-C stops)", err=True)
-            while not stop.is_set() and time.monotonic() < due:  # short waits: the main thread sees Ctrl-C at once
-                stop.wait(min(1.0, due - time.monotonic()))
+            wait = max(0.0, period - (time.monotonic() - started))
+            click.echo(f"next cycle in {wait / 3600:.2f} h (Ctrl-C stops)", err=True)
+            stop.wait(wait)
     except KeyboardInterrupt:
         pass
     click.echo("stopped", err=True)
