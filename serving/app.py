@@ -16,9 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import anyio
@@ -41,6 +41,8 @@ from tracemill.serving.tracing import Exchange, record
 from tracemill.serving.upstream import ClientGone, Upstream, UpstreamError, error_body, error_response, until_disconnect
 from tracemill.tools import ToolFormatError
 
+_T = TypeVar("_T")
+
 
 @dataclass(frozen=True, slots=True)
 class ServeConfig:
@@ -51,6 +53,10 @@ class ServeConfig:
     poll_seconds: float = 1.0
     timeout: float = 300.0
     trace: bool = False  # record each request with the SDK (tracemill.sdk.init first)
+
+
+def _refusal(status: int, body: bytes) -> str:
+    return f"the upstream answered {status}: {body[:500].decode(errors='replace')}"
 
 
 def _extension(revised: Revised, serving: Serving, original: Mapping[str, Any]) -> dict[str, Any]:
@@ -159,19 +165,14 @@ class Proxy:
         if call.body.get("stream"):
             return await self._stream(request, call)
         started = time.perf_counter()
-        try:
-            answer = await until_disconnect(request, self.upstream.fetch("POST", "/v1/chat/completions", request,
-                                                                         call.raw))
-        except ClientGone:
-            return Response(status_code=499)
-        except UpstreamError as exc:
-            failed = self.upstream.error(exc)
-            call.exchange.error = failed.body.decode()
-            return self._with(failed, call, None)
+        answer = await self._reach(request, call, self.upstream.fetch("POST", "/v1/chat/completions", request,
+                                                                      call.raw))
+        if isinstance(answer, Response):
+            return answer
         call.exchange.upstream_ms = (time.perf_counter() - started) * 1000
         self.metrics.upstream_seconds.observe(call.exchange.upstream_ms / 1000)
         if answer.status != 200:
-            call.exchange.error = f"the upstream answered {answer.status}: {answer.body[:500].decode(errors='replace')}"
+            call.exchange.error = _refusal(answer.status, answer.body)
             return self._with(Response(answer.body, answer.status, answer.headers), call, None)
         try:
             data = orjson.loads(answer.body)
@@ -181,6 +182,17 @@ class Proxy:
         outcome = await self._check(call, data, choices)
         content = answer.body if outcome in (UNCHANGED, "refused", None) else orjson.dumps(data)
         return self._with(Response(content, 200, answer.headers), call, outcome)
+
+    async def _reach(self, request: Request, call: _Call, opening: Awaitable[_T]) -> _T | Response:
+        """The upstream's answer, or the response that says why there is none (the client left, the upstream failed)."""
+        try:
+            return await until_disconnect(request, opening)
+        except ClientGone:
+            return Response(status_code=499)
+        except UpstreamError as exc:
+            failed = self.upstream.error(exc)
+            call.exchange.error = failed.body.decode()
+            return self._with(failed, call, None)
 
     def _with(self, response: Response, call: _Call, outcome: str | None) -> Response:
         response.headers.update(self._headers(call, outcome))
@@ -217,15 +229,10 @@ class Proxy:
 
     async def _stream(self, request: Request, call: _Call) -> Response:
         started = time.perf_counter()
-        try:
-            response = await until_disconnect(request, self.upstream.open("POST", "/v1/chat/completions", request,
-                                                                          call.raw))
-        except ClientGone:
-            return Response(status_code=499)
-        except UpstreamError as exc:
-            failed = self.upstream.error(exc)
-            call.exchange.error = failed.body.decode()
-            return self._with(failed, call, None)
+        response = await self._reach(request, call, self.upstream.open("POST", "/v1/chat/completions", request,
+                                                                       call.raw))
+        if isinstance(response, Response):
+            return response
         returned = self.upstream.returned(response)
         if response.status != 200 or "text/event-stream" not in response.headers.get("content-type", ""):
             try:
@@ -235,7 +242,7 @@ class Proxy:
                 return self._with(self.upstream.error(exc), call, None)
             self.upstream.close(response, finished=True)
             if response.status != 200:
-                call.exchange.error = f"the upstream answered {response.status}: {body[:500].decode(errors='replace')}"
+                call.exchange.error = _refusal(response.status, body)
             return self._with(Response(body, response.status, returned), call, None)
         call.exchange.upstream_ms = (time.perf_counter() - started) * 1000
         returned.update(self._headers(call, None))

@@ -76,3 +76,22 @@ def start_collector(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
     yield start
     for collector in started:
         collector.stop()
+
+
+@pytest.fixture
+def start_proxy() -> Iterator:  # type: ignore[type-arg]
+    """Start the reviser sidecar in this process: start(upstream_base_url, **ServeConfig fields) -> its server."""
+    from scripted_model import ServerThread
+
+    from tracemill.serving.app import ServeConfig, create_app
+
+    started: list[ServerThread] = []
+
+    def start(upstream: str, **config: object) -> ServerThread:
+        server = ServerThread(create_app(ServeConfig(upstream, **config))).start()  # type: ignore[arg-type]
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()

@@ -23,7 +23,6 @@ from tracemill.examples import example_call
 from tracemill.faults import WEAK_PROFILES, corrupt_calls, sample_faults
 from tracemill.net import ServerThread
 from tracemill.reader import holds_call
-from tracemill.serving.app import ServeConfig, create_app
 from tracemill.store.engine import make_engine
 from tracemill.store.tables import SpanRow, ToolCallRow
 from tracemill.tools import Tool, load_mcp_bench, tool_index
@@ -96,20 +95,6 @@ def model() -> Iterator[tuple[ScriptedModel, ServerThread]]:
     server = ServerThread(scripted.app()).start()
     yield scripted, server
     server.stop()
-
-
-@pytest.fixture
-def start_proxy() -> Iterator:  # type: ignore[type-arg]
-    started: list[ServerThread] = []
-
-    def start(upstream: str, **config: Any) -> ServerThread:
-        server = ServerThread(create_app(ServeConfig(upstream, **config))).start()
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
 
 
 def _client(proxy: ServerThread, **kwargs: Any) -> OpenAI:

@@ -26,7 +26,6 @@ from tracemill.cli import main
 from tracemill.net import ServerThread, free_port
 from tracemill.repair import revise
 from tracemill.revisers import model_answer, register, registered
-from tracemill.serving.app import ServeConfig, create_app
 from tracemill.store.engine import make_engine
 from tracemill.store.tables import ToolCallRow
 
@@ -195,20 +194,6 @@ def model_reviser() -> Iterator[None]:
     yield
     if before is not None:
         register(before.name, before.factory, takes_argument=before.takes_argument, help=before.help)
-
-
-@pytest.fixture
-def start_proxy() -> Iterator:  # type: ignore[type-arg]
-    started: list[ServerThread] = []
-
-    def start(upstream: str, **config: Any) -> ServerThread:
-        server = ServerThread(create_app(ServeConfig(upstream, **config))).start()
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
 
 
 def test_without_vllm_a_deployed_version_runs_in_process(vllm, tmp_path, model_reviser, start_proxy) -> None:
