@@ -55,7 +55,8 @@ def test_the_demo_runs_the_whole_loop_and_prints_the_stores_figures(tmp_path):
     engine = make_engine(f"sqlite:///{folder / 'store.db'}")
     table = out[out.index("before and after"):]
     for phase in phases:
-        stored = measure(engine, HARNESS, datetime.fromisoformat(phase["since"]), datetime.fromisoformat(phase["until"]))
+        since, until = (datetime.fromisoformat(phase[k]) for k in ("since", "until"))
+        stored = measure(engine, HARNESS, since, until)
         assert asdict(stored) == phase["metrics"] and stored.total_calls > 0, phase
         assert phase["episodes"] == 24
         row = next(line for line in table.splitlines() if phase["served_by"] in line)

@@ -17,6 +17,7 @@ from typing import Any
 import tracemill.sdk as tm
 from tracemill.demo.weak_model import ERROR
 from tracemill.reader import holds_call
+from tracemill.revision import StepKind
 from tracemill.simulate.episodes import SYSTEM_PROMPT, Settings, execution_outcome
 from tracemill.simulate.scenarios import Scenario
 from tracemill.tools import tool_index
@@ -33,6 +34,7 @@ class Tally:
     episodes: int = 0
     requests: int = 0
     revised: int = 0  # answers a sidecar revised (they carry `tracemill`)
+    by_model: int = 0  # of those, answers a model reviser wrote (a `model` step)
 
 
 def run_episodes(base_url: str, model: str, scenarios: Sequence[Scenario], episodes: int, seed: int, settings: Settings,
@@ -69,7 +71,9 @@ def _episode(client: Any, model: str, scenario: Scenario, rng: random.Random, se
                                                       extra_headers={"X-Conversation-Id": conversation})
             tally.requests += 1
             message = response.choices[0].message
-            tally.revised += bool((message.model_extra or {}).get("tracemill"))
+            revision = (message.model_extra or {}).get("tracemill") or {}
+            tally.revised += bool(revision)
+            tally.by_model += any(step.get("kind") == StepKind.MODEL.value for step in revision.get("steps") or ())
             calls = [{"id": c.id, "type": "function", "function": {"name": c.function.name,
                                                                    "arguments": c.function.arguments}}
                      for c in message.tool_calls or ()]

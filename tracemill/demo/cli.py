@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -124,6 +125,8 @@ def demo(folder: Path, episodes: int, warmup_steps: int, steps: int, margin: flo
     from tracemill.demo.processes import DemoError, Processes
     from tracemill.demo.run import Demo
 
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)  # each line as it comes, through a pipe too (make demo | tee)
     console = Console(width=150)
     folder = folder.resolve()
     _fresh(folder)

@@ -28,12 +28,13 @@ class Phase:
     episodes: int
     requests: int
     revised: int  # answers the sidecar revised
+    by_model: int  # answers a model reviser wrote
     metrics: Metrics
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "served_by": self.served_by, "since": self.since.isoformat(),
                 "until": self.until.isoformat(), "episodes": self.episodes, "requests": self.requests,
-                "revised": self.revised, "metrics": asdict(self.metrics)}
+                "revised": self.revised, "by_model": self.by_model, "metrics": asdict(self.metrics)}
 
 
 def agent_calls(harness_version: str, since: datetime, until: datetime) -> CallFilter:
@@ -49,12 +50,12 @@ def table(phases: list[Phase]):  # type: ignore[no-untyped-def]
     from rich.table import Table
 
     out = Table(title="What the agent got: MCP-Bench's rule-based metrics over its tool calls, per phase")
-    for header in ("phase", "between agent and model", "episodes", "tool calls", "answers revised"):
+    for header in ("phase", "between agent and model", "episodes", "tool calls", "answers revised", "by the model"):
         out.add_column(header, justify="left" if header.startswith(("phase", "between")) else "right",
                        no_wrap=header.startswith("between"))
     for _, label in COLUMNS:
         out.add_column(label, justify="right")
     for p in phases:
-        out.add_row(p.name, p.served_by, str(p.episodes), str(p.metrics.total_calls), str(p.revised),
+        out.add_row(p.name, p.served_by, str(p.episodes), str(p.metrics.total_calls), str(p.revised), str(p.by_model),
                     *(percent(getattr(p.metrics, key)) for key, _ in COLUMNS))
     return out

@@ -50,8 +50,8 @@ class Demo:
         from tracemill.demo.weak_model import WeakModel
 
         s = self.sizes
-        self.console.print(f"Tracemill demo in {self.folder}: a simulated {s.profile} agent (harness {s.harness_version})"
-                           f" on MCP-Bench's tool schemas, {s.episodes} episodes a phase. Ctrl-C stops it cleanly.")
+        self.console.print(f"Tracemill demo in {self.folder}: a simulated {s.profile} agent (harness "
+                           f"{s.harness_version}) on MCP-Bench's tool schemas, {s.episodes} episodes a phase. Ctrl-C stops it cleanly.")
         with self.step("1. the collector, a weak model server and the reviser sidecar in front of it"):
             self.processes.start("tiny-model", "tiny-model", "--out", str(self.folder / "tiny"))
             collector = f"http://127.0.0.1:{free_port()}"
@@ -87,8 +87,9 @@ class Demo:
         self.close()
         self.console.rule("[bold]before and after")
         self.console.print(table(self.phases))
-        self.console.print(f"Phase 1's two rows ran the same episodes (seed {s.seed}); phase 2 ran new ones (seed "
-                           f"{s.seed + 1}), as new traffic: a model trained on phase 1 is measured on calls it never saw.")
+        self.console.print(f"Phase 1's two rows ran the same episodes (seed {s.seed}: the same tasks, and the same "
+                           "model answers until a revised call changes the conversation); phase 2 ran new ones (seed "
+                           f"{s.seed + 1}), new traffic for a model trained on phase 1.")
         self.console.print("time per step: " + ", ".join(f"{k.split('.')[0]}. {v:.0f} s"
                                                          for k, v in self.timings.items()))
 
@@ -120,9 +121,10 @@ class Demo:
         finally:
             engine.dispose()
         self.phases.append(Phase(name, served_by, since, until, tally.episodes, tally.requests, tally.revised,
-                                 metrics))
+                                 tally.by_model, metrics))
         self.console.print(f"{name} ({served_by}): {tally.episodes} episodes, {tally.requests} model calls, "
-                           f"{metrics.total_calls} tool calls stored, {tally.revised} answers revised")
+                           f"{metrics.total_calls} tool calls stored, {tally.revised} answers revised"
+                           + (f", {tally.by_model} of them by the model reviser" if tally.by_model else ""))
 
     def _mine(self) -> None:
         out = self.processes.run("mine", "mine", "--db", self.db, "--out", str(self.folder / "mined"), "--eval-share",
