@@ -146,25 +146,33 @@ def deploy(engine: Engine, ref: str, actor: str, canary: float | None = None,
            note: str | None = None) -> list[DeploymentRow]:
     """Make a version active, or (with `canary`, a share in (0, 100]) its candidate for that share of conversations.
     Making a version active ends a running canary. Returns the rows written."""
+    with Session(engine, expire_on_commit=False) as session, session.begin():
+        return deploy_in(session, ref, actor, canary, note)
+
+
+def deploy_in(session: Session, ref: str, actor: str, canary: float | None = None,
+              note: str | None = None) -> list[DeploymentRow]:
+    """`deploy` within the caller's transaction, so that what else it writes commits with the deployment or not at
+    all (the cycle records its deployment this way)."""
     if canary is not None and not 0 < canary <= 100:
         raise DeployError(f"a canary's share must be over 0 and at most 100 percent, not {canary}")
-    with Session(engine, expire_on_commit=False) as session, session.begin():
-        model = find_model(session, ref)
-        state = served(session)
-        name = model.name if model is not None else RULES
-        if canary is not None:
-            if state.active.name == name:
-                raise DeployError(f"{name} is already active: a canary must be another version")
-            rows = [_row(model, "canary", "canary", actor, _justification(model, note, state.active.name), canary)]
-        else:
-            if state.active.name == name and state.canary is None:
-                raise DeployError(f"{name} is already active")
-            rows = []
-            if state.canary is not None:
-                rows.append(_row(None, "canary", "end_canary", actor, {"replaced_by": name}))
-            rows.append(_row(model, "active", "deploy", actor, _justification(model, note, state.active.name)))
-        session.add_all(rows)
-        return rows
+    model = find_model(session, ref)
+    state = served(session)
+    name = model.name if model is not None else RULES
+    if canary is not None:
+        if state.active.name == name:
+            raise DeployError(f"{name} is already active: a canary must be another version")
+        rows = [_row(model, "canary", "canary", actor, _justification(model, note, state.active.name), canary)]
+    else:
+        if state.active.name == name and state.canary is None:
+            raise DeployError(f"{name} is already active")
+        rows = []
+        if state.canary is not None:
+            rows.append(_row(None, "canary", "end_canary", actor, {"replaced_by": name}))
+        rows.append(_row(model, "active", "deploy", actor, _justification(model, note, state.active.name)))
+    session.add_all(rows)
+    session.flush()
+    return rows
 
 
 def rollback(engine: Engine, actor: str, note: str | None = None) -> DeploymentRow:

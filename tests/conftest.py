@@ -44,6 +44,19 @@ def postgres_url(postgres_admin) -> Iterator[str]:  # type: ignore[no-untyped-de
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`tracemill tiny-model`, built once for the trainer's and the cycle's tests."""
+    from click.testing import CliRunner
+
+    from tracemill.cli import main
+
+    out = tmp_path_factory.mktemp("tiny") / "model"
+    result = CliRunner().invoke(main, ["tiny-model", "--out", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0 and "MB)" in result.output, result.output
+    return out
+
+
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'tracemill.db'}"

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from sqlalchemy import select
 
 from tracemill.cli import main
@@ -24,14 +23,6 @@ from tracemill.trainer.fault_rows import fault_cases
 from tracemill.trainer.tiny import COMPACT
 
 pytest.importorskip("trl", reason="the trainer needs the train extra")
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tiny") / "model"
-    result = CliRunner().invoke(main, ["tiny-model", "--out", str(out)], catch_exceptions=False)
-    assert result.exit_code == 0 and "MB)" in result.output, result.output
-    return out
 
 
 def test_tiny_model_is_a_small_qwen3_with_a_tokenizer_for_tool_calls(tiny):
@@ -58,9 +49,9 @@ def test_tiny_model_is_a_small_qwen3_with_a_tokenizer_for_tool_calls(tiny):
 @pytest.fixture(scope="module")
 def mined(tmp_path_factory):
     """`tracemill mine` of the traffic `tracemill simulate` sent through a real collector."""
-    from support import CollectorProcess
-
     from tracemill.simulate import simulate
+
+    from support import CollectorProcess
 
     folder = tmp_path_factory.mktemp("mined")
     db = f"sqlite:///{folder / 'traffic.db'}"

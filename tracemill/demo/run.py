@@ -51,7 +51,8 @@ class Demo:
 
         s = self.sizes
         self.console.print(f"Tracemill demo in {self.folder}: a simulated {s.profile} agent (harness "
-                           f"{s.harness_version}) on MCP-Bench's tool schemas, {s.episodes} episodes a phase. Ctrl-C stops it cleanly.")
+                           f"{s.harness_version}) on MCP-Bench's tool schemas, {s.episodes} episodes a phase. Ctrl-C "
+                           "stops it cleanly.")
         with self.step("1. the collector, a weak model server and the reviser sidecar in front of it"):
             self.processes.start("tiny-model", "tiny-model", "--out", str(self.folder / "tiny"))
             collector = f"http://127.0.0.1:{free_port()}"

@@ -289,3 +289,47 @@ class ReviewScanRow(Base):
     rules: Mapped[str] = mapped_column(String(64), primary_key=True)
     last_call_id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"))
     scanned_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+# --- the retrain-and-deploy cycle ------------------------------------------------------------------------------------
+
+class CycleRow(Base):
+    """One `tracemill cycle` iteration: each step it reached and its figures (`tracemill.cycle.record` reads it)."""
+
+    __tablename__ = "cycles"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    status: Mapped[str] = mapped_column(String(16))  # running | done | interrupted | failed
+    step: Mapped[str] = mapped_column(String(16))  # the step it is at, or ended at: mine | decide | train | ...
+    holder: Mapped[str] = mapped_column(Text)  # host:pid of the process that ran it
+    forced: Mapped[bool] = mapped_column(Boolean, default=False)  # --force: trained whatever the decision said
+    since_call_id: Mapped[int | None] = mapped_column(BigInteger().with_variant(Integer, "sqlite"))  # read after this
+    last_call_id: Mapped[int | None] = mapped_column(BigInteger().with_variant(Integer, "sqlite"))  # newest read
+    new_calls: Mapped[int] = mapped_column(Integer, default=0)
+    new_failures: Mapped[int] = mapped_column(Integer, default=0)
+    dataset_id: Mapped[int | None] = mapped_column(ForeignKey("datasets.id"))  # what it mined
+    decision: Mapped[str | None] = mapped_column(String(16))  # train | harness | wait
+    reason: Mapped[str | None] = mapped_column(Text)  # the decision in a sentence, with the rates
+    harness_rates: Mapped[list[Any]] = mapped_column(JSONType, default=list)  # failure rate per harness version
+    top_modes: Mapped[list[Any]] = mapped_column(JSONType, default=list)  # the failure modes to fix first
+    model_id: Mapped[int | None] = mapped_column(ForeignKey("models.id"))  # the candidate it trained
+    baseline: Mapped[str | None] = mapped_column(Text)  # the active version it was measured against
+    figures: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)  # per suite: candidate and baseline
+    gate: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)  # passed, and each check with its figures
+    deployed: Mapped[bool] = mapped_column(Boolean, default=False)
+    deployment_id: Mapped[int | None] = mapped_column(ForeignKey("deployments.id"))
+    error: Mapped[str | None] = mapped_column(Text)  # why it failed or was interrupted
+
+
+class LockRow(Base):
+    """A named lock held by one process until `expires_at`; the holder renews it while it works, so a lock whose
+    holder was killed expires instead of blocking forever."""
+
+    __tablename__ = "locks"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str] = mapped_column(Text)  # host:pid:token
+    acquired_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -1,0 +1,366 @@
+"""`tracemill cycle` on real stores: simulated traffic over harness versions through a real collector, the decision it
+leads to, a whole cycle with the tiny model on SQLite, the gate refusing a worse candidate, real SIGKILLs of a real
+cycle process at each step, and the lock between processes (SQLite and PostgreSQL)."""
+
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import insert, select
+from sqlalchemy.orm import Session
+
+from tracemill.cli import main
+from tracemill.cycle import CycleBusy, CycleSettings, Decision, Gate, run_cycle
+from tracemill.cycle.decide import decide, harness_rates
+from tracemill.cycle.gate import judge
+from tracemill.cycle.lock import LockBusy, StoreLock
+from tracemill.cycle.record import Step, history
+from tracemill.cycle.settings import load_settings
+from tracemill.evaluation import evaluate
+from tracemill.revisers import make_reviser, rules_reviser
+from tracemill.serving.deployments import history as deployment_history
+from tracemill.serving.deployments import served
+from tracemill.simulate import simulate
+from tracemill.simulate.harness import HARNESS_VERSIONS
+from tracemill.store.cli import open_store
+from tracemill.store.engine import make_engine
+from tracemill.store.migrate import upgrade
+from tracemill.store.tables import DatasetRow, LockRow, ModelRow
+from tracemill.suites import read_cases
+from tracemill.trainer.finish import figures
+
+from support import CollectorProcess
+
+VERSIONS = [v.name for v in HARNESS_VERSIONS]  # prompt-v1 .. prompt-v6: four changes that pay, then a plateau
+DRIVER = Path(__file__).with_name("cycle_driver.py")
+START_NS = 1_780_000_000_000_000_000
+DAY_NS = 86_400 * 10**9
+
+
+def send(db: str, folder: Path, versions, traces: int, seed: int, day: int = 0) -> None:
+    """Traffic of the weak model under each harness version in turn, one simulated day apart."""
+    collector = CollectorProcess(db, folder).start()
+    try:
+        for i, version in enumerate(versions):
+            simulate(collector.url, traces=traces, seed=seed + i, profile="llama3.1-8b", harness_version=version,
+                     start_ns=START_NS + (day + i) * DAY_NS)
+    finally:
+        collector.stop()
+
+
+def active(db: str) -> str:
+    engine = open_store(db)
+    try:
+        with Session(engine) as session:
+            return served(session).active.name
+    finally:
+        engine.dispose()
+
+
+def cycles(db: str):
+    engine = open_store(db)
+    try:
+        with engine.connect() as conn:
+            return history(conn)
+    finally:
+        engine.dispose()
+
+
+# --- the lock ------------------------------------------------------------------------------------------------------
+
+HOLD = """
+import sys, time
+from tracemill.cycle.lock import StoreLock
+from tracemill.store.cli import open_store
+from tracemill.store.engine import make_engine
+from tracemill.store.migrate import upgrade
+lock = StoreLock(open_store(sys.argv[1]), "cycle", ttl_s=60)
+lock.acquire()
+print(lock.holder, flush=True)
+time.sleep(3600)
+"""
+
+
+def test_the_lock_refuses_a_second_cycle_and_a_killed_holder_blocks_nothing(db_url, tmp_path):
+    engine = make_engine(db_url)
+    upgrade(engine)  # PostgreSQL is migrated on purpose
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, db_url], stdout=subprocess.PIPE, text=True)
+    try:
+        name = holder.stdout.readline().strip()
+        assert name.split(":")[1] == str(holder.pid)
+        with pytest.raises(LockBusy, match=name):
+            StoreLock(engine, "cycle").acquire()
+        settings = CycleSettings(store=db_url, work=tmp_path / "cycles", base_model="unused")
+        with pytest.raises(CycleBusy, match="another cycle holds the lock"):
+            run_cycle(settings)
+        refused = CliRunner().invoke(main, ["cycle", "--db", db_url, "--base", "unused", "--work", str(tmp_path)])
+        assert refused.exit_code == 1 and "not starting a second cycle" in refused.output
+        assert cycles(db_url) == []  # a refused cycle leaves no row
+    finally:
+        holder.kill()
+        holder.wait()
+    lock = StoreLock(engine, "cycle", ttl_s=60)
+    lock.acquire()  # its process is gone: taken over at once, not after the minute
+    assert lock.took_over == name
+    lock.release()
+    with engine.begin() as conn:  # a holder on another machine: only its expiry frees the lock
+        conn.execute(insert(LockRow).values(name="cycle", holder="elsewhere:1:abc", acquired_at=datetime.now(UTC),
+                                            expires_at=datetime.now(UTC) + timedelta(seconds=1.5)))
+    with pytest.raises(LockBusy, match="elsewhere:1:abc"):
+        StoreLock(engine, "cycle").acquire()
+    time.sleep(1.6)
+    lock = StoreLock(engine, "cycle", ttl_s=0.6)
+    lock.acquire()
+    assert lock.took_over == "elsewhere:1:abc"
+    time.sleep(1.0)  # longer than its time to live: the holder's thread keeps renewing it
+    with pytest.raises(LockBusy):
+        StoreLock(engine, "cycle").acquire()
+    lock.release()
+    StoreLock(engine, "cycle").acquire()
+    engine.dispose()
+
+
+# --- the decision --------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def plateau(tmp_path_factory):
+    """Traffic under prompt-v1..v3 (each change pays) and a cycle on it; then prompt-v4..v6 (the plateau) and another.
+    Neither may train: the first because tuning still pays, the second because it needs more failures than exist."""
+    folder = tmp_path_factory.mktemp("plateau")
+    db = f"sqlite:///{folder / 'traffic.db'}"
+    settings = CycleSettings(store=db, work=folder / "cycles", base_model="unused",
+                             decision=Decision(min_new_failures=10**6, plateau_window=3, plateau_tolerance=0.01))
+    send(db, folder, VERSIONS[:3], traces=120, seed=10)
+    first = run_cycle(settings)
+    send(db, folder, VERSIONS[3:], traces=120, seed=20, day=3)
+    second = run_cycle(settings)
+    return {"folder": folder, "db": db, "first": first, "second": second}
+
+
+def copy_store(db: str, folder: Path) -> str:
+    """A copy of a SQLite store (the online backup: the WAL's pages included)."""
+    source, target = sqlite3.connect(db.removeprefix("sqlite:///")), sqlite3.connect(folder / "copy.db")
+    source.backup(target)
+    source.close()
+    target.close()
+    return f"sqlite:///{folder / 'copy.db'}"
+
+
+def test_harness_tuning_still_pays_then_plateaus_and_the_decision_follows(plateau):
+    first, second = plateau["first"], plateau["second"]
+    assert first.status == "done" and first.decision == "harness" and first.model_id is None
+    assert [r["version"] for r in first.harness_rates] == VERSIONS[:3]
+    rates = [r["rate"] for r in first.harness_rates]
+    assert rates[0] > rates[1] > rates[2], rates
+    assert "harness tuning still pays" in first.reason and "(prompt-v3), p = " in first.reason
+    assert first.top_modes and all(m["count"] > 0 for m in first.top_modes)
+    assert first.new_failures > 0 and first.dataset_id is not None
+
+    assert second.decision == "wait" and "stopped paying" in second.reason and second.top_modes == []
+    assert second.since_call_id is None  # the first cycle did not train: its calls are still new
+    assert second.new_calls > first.new_calls
+    engine = open_store(plateau["db"])
+    with engine.connect() as conn:
+        assert [r.version for r in harness_rates(conn)] == VERSIONS
+    assert decide(engine, 10, Decision(min_new_failures=10)).decision == "train"
+    assert decide(engine, 10, Decision(min_new_failures=10, plateau_window=5)).decision == "harness"  # v2 -> v3 paid
+    assert decide(engine, 9, Decision(min_new_failures=10)).decision == "wait"
+    forced = decide(engine, 0, Decision(plateau_window=5), force=True)
+    assert forced.decision == "train" and forced.reason.startswith("forced (--force); harness tuning still pays")
+    engine.dispose()
+    shown = CliRunner().invoke(main, ["cycle", "--history", "--db", plateau["db"]])
+    assert shown.exit_code == 0 and "harness" in shown.output and "wait" in shown.output
+    listed = json.loads(CliRunner().invoke(main, ["cycle", "--history", "--db", plateau["db"], "--json"]).output)
+    assert [c["id"] for c in listed] == [second.id, first.id]
+    assert listed[1]["harness_rates"][0]["version"] == "prompt-v1"
+
+
+def test_the_gate_refuses_a_worse_reviser_on_the_same_held_out_cases(plateau):
+    engine = open_store(plateau["db"])
+    with engine.connect() as conn:
+        (dataset,) = conn.execute(select(DatasetRow.path).where(DatasetRow.id == plateau["second"].dataset_id)).one()
+    engine.dispose()
+    cases = read_cases(Path(dataset) / "eval.jsonl")
+    report = evaluate(cases, {"rules": rules_reviser, "json-repair": make_reviser("json-repair")}, "eval")
+    shown = figures(report)
+    worse = judge({"eval": {"candidate": shown["json-repair"], "baseline": shown["rules"]}}, Gate(0.0, 0.0))
+    assert not worse.passed and "refused: reference match on eval" in worse.reason
+    assert [c.passed for c in worse.checks] == [False, False, True]  # no valid call changed: json-repair keeps them
+    better = judge({"eval": {"candidate": shown["rules"], "baseline": shown["json-repair"]}}, Gate(0.01, 0.01))
+    assert better.passed and better.reason.startswith("passed: reference match")
+
+
+@pytest.mark.postgres
+def test_cycles_are_recorded_on_postgresql(postgres_url, tmp_path):
+    engine = make_engine(postgres_url)
+    upgrade(engine)
+    engine.dispose()
+    send(postgres_url, tmp_path, VERSIONS[:2], traces=15, seed=30)
+    settings = CycleSettings(store=postgres_url, work=tmp_path / "cycles", base_model="unused")
+    first = run_cycle(settings)
+    assert first.status == "done" and first.decision == "harness" and first.dataset_id is not None
+    assert [r["version"] for r in first.harness_rates] == VERSIONS[:2] and "2 harness version(s) seen" in first.reason
+    again = run_cycle(settings)
+    assert again.since_call_id is None and again.new_calls == first.new_calls  # nothing trained: the same calls
+    listed = json.loads(CliRunner().invoke(main, ["cycle", "--history", "--db", postgres_url, "--json"]).output)
+    assert [c["id"] for c in listed] == [again.id, first.id] and all(c["status"] == "done" for c in listed)
+
+
+# --- whole cycles with the tiny model -------------------------------------------------------------------------------
+
+CONFIG = """
+device = "cpu"
+[cycle]
+base = "{base}"
+work = "{work}"
+min_new_failures = 10
+reference_margin = {margin}
+schema_margin = 0.0
+force = {force}
+[mine]
+eval_share = {eval_share}
+max_tools = 1
+budget_tokens = 48
+descriptions = false
+parameter_descriptions = false
+system = false
+[model]
+kind = "full"
+[grpo]
+num_generations = 2
+per_device_batch_size = 2
+max_completion_length = 12
+max_steps = 1
+[output]
+save_steps = 100
+tensorboard = false
+[eval]
+suites = ["do-no-harm"]
+limit = 8
+"""
+
+
+def config(folder: Path, tiny: Path, force: bool = False, eval_share: float = 0.05) -> Path:
+    """Margins of 0: a candidate no worse than the active reviser is deployed (a tiny model trained for a step on the
+    CPU is no better than the rules)."""
+    path = folder / "cycle.toml"
+    path.write_text(CONFIG.format(base=tiny, work=folder / "cycles", margin=0.0, force=str(force).lower(),
+                                  eval_share=eval_share))
+    return path
+
+
+def test_a_whole_cycle_trains_measures_and_deploys_then_refuses_a_candidate_no_better(plateau, tiny, tmp_path):
+    pytest.importorskip("trl", reason="training needs the train extra")
+    db = copy_store(plateau["db"], tmp_path)
+    settings = load_settings(config(tmp_path, tiny), db)
+    lines: list[str] = []
+    done = run_cycle(settings, lines.append)
+    steps = [line.split(":")[0] for line in lines if line.split(":")[0] in {s.value for s in Step}]
+    assert list(dict.fromkeys(steps)) == ["mine", "decide", "train", "evaluate", "deploy"]
+    assert done.status == "done" and done.step == "done" and done.decision == "train"
+    assert "harness tuning stopped paying" in done.reason and done.since_call_id is None
+    assert done.new_calls == plateau["second"].new_calls and done.dataset_id is not None
+    assert done.baseline == "rules" and done.gate["passed"] and done.deployed
+    held_out = done.figures["eval"]
+    assert held_out["cases"] > 0 and held_out["candidate"]["cases"] == held_out["baseline"]["cases"]
+    assert set(done.figures) == {"eval", "do-no-harm"}
+    assert all(f["candidate"]["valid_changed"] in (0, None) for f in done.figures.values())
+    engine = open_store(db)
+    with Session(engine) as session:
+        state = served(session)
+        (newest,) = deployment_history(session, limit=1)
+    engine.dispose()
+    assert state.active.model_id == done.model_id and state.deployment_id == done.deployment_id
+    assert newest.actor == "tracemill cycle" and newest.justification["note"].startswith(f"cycle {done.id}: gate")
+    (model,) = json.loads(CliRunner().invoke(main, ["models", "list", "--db", db, "--json"]).output)
+    assert model["id"] == done.model_id and model["evaluation"]["eval"]["model"] == held_out["candidate"]
+    assert Path(model["path"]).is_relative_to(tmp_path / "cycles" / f"cycle-{done.id:04d}")
+
+    again = run_cycle(settings)  # nothing came in since
+    assert again.decision == "wait" and again.since_call_id == done.last_call_id and again.model_id is None
+
+    send(db, tmp_path, ["prompt-v6"], traces=20, seed=40, day=9)
+    stricter = replace(settings, gate=Gate(reference_margin=0.01), force=True,
+                       mining=replace(settings.mining, eval_share=0.5))
+    refused = run_cycle(stricter)
+    assert refused.decision == "train" and refused.model_id not in (None, done.model_id)
+    assert refused.since_call_id == done.last_call_id and 0 < refused.new_calls < done.new_calls
+    assert refused.baseline == model["name"] and not refused.gate["passed"] and not refused.deployed
+    assert "refused: reference match on eval" in refused.gate["reason"]
+    assert active(db) == model["name"]  # the active model stays
+    shown = CliRunner().invoke(main, ["cycle", "--history", "--db", db])
+    assert shown.exit_code == 0 and "refused: reference match" in shown.output and model["name"] in shown.output
+
+
+def test_a_cycle_killed_at_each_step_leaves_the_deployment_as_it_was(tiny, tmp_path):
+    pytest.importorskip("trl", reason="training needs the train extra")
+    db = f"sqlite:///{tmp_path / 'traffic.db'}"
+    send(db, tmp_path, ["prompt-v1"], traces=30, seed=50)
+    path = config(tmp_path, tiny, force=True, eval_share=0.3)
+    killed: dict[int, str] = {}
+    previous = None
+    for pause, step in (("mine:", "mine"), ("decide:", "decide"), ("train:", "train"), ("evaluate:", "evaluate"),
+                        ("deploy: committing", "deploy")):
+        process = subprocess.Popen([sys.executable, str(DRIVER), str(path), db, pause], stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True)
+        output = []
+        for line in process.stdout:
+            output.append(line)
+            if line.strip() == "PAUSED":
+                break
+        process.kill()  # SIGKILL: no handler runs, no transaction commits
+        process.wait()
+        assert output and output[-1].strip() == "PAUSED", "".join(output[-30:])
+        if previous is not None:  # the one before was marked by this one, which held the lock after it
+            assert f"cycle {previous[0]} was killed at step {previous[1]}" in "".join(output)
+        assert active(db) == "rules", pause
+        newest = cycles(db)[0]
+        assert newest.status == "running" and newest.step == step and not newest.deployed
+        killed[newest.id] = step
+        previous = (newest.id, step)
+    done = subprocess.run([sys.executable, str(DRIVER), str(path), db], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "deployed=True" in done.stdout
+    assert f"cycle {previous[0]} was killed at step deploy" in done.stdout
+    rows = {r.id: r for r in cycles(db)}
+    assert all(rows[i].status == "interrupted" and f"ended at step {s}" in rows[i].error for i, s in killed.items())
+    final = rows[max(rows)]
+    assert final.status == "done" and final.deployed and active(db) == model_name(db, final.model_id)
+    assert final.since_call_id is None  # the killed ones trained nothing that counts: it starts clean
+    for cycle_id, step in killed.items():  # their folders are gone, but for the one whose model was registered
+        assert (tmp_path / "cycles" / f"cycle-{cycle_id:04d}").exists() == (step == "deploy")
+
+
+def model_name(db: str, model_id: int) -> str:
+    engine = open_store(db)
+    with engine.connect() as conn:
+        (name,) = conn.execute(select(ModelRow.name).where(ModelRow.id == model_id)).one()
+    engine.dispose()
+    return name
+
+
+def test_every_runs_in_the_foreground_and_ctrl_c_stops_it_cleanly(tmp_path):
+    db = f"sqlite:///{tmp_path / 'empty.db'}"
+    process = subprocess.Popen([sys.executable, "-m", "tracemill.cli", "cycle", "--db", db, "--base", "unused",
+                                "--work", str(tmp_path / "cycles"), "--every", "1h"], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    output = []
+    for line in process.stdout:
+        output.append(line)
+        if line.startswith("next cycle in 1.00 h"):
+            break
+    process.send_signal(signal.SIGINT)
+    rest, _ = process.communicate(timeout=30)
+    assert process.returncode == 0, "".join(output) + rest
+    assert "decision wait: no new calls" in "".join(output) and rest.strip().endswith("stopped")
+    assert [c.decision for c in cycles(db)] == ["wait"]
+    bad = CliRunner().invoke(main, ["cycle", "--db", db, "--base", "x", "--every", "soon"])
+    assert bad.exit_code == 2 and "'soon' is not a period" in bad.output
