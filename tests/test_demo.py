@@ -1,6 +1,7 @@
 """`tracemill demo` end to end, in reduced size, as a user runs it: the printed before/after table is the store's
-figures for each phase, the sidecar's revisions were traced, a model was trained and registered, and it was deployed
-or refused with the gate's reasons. Ctrl-C stops every process the demo started and leaves the store whole."""
+figures for each phase, the sidecar's revisions were traced, `tracemill cycle` trained and registered a model, and it
+was deployed or refused with the gate's reasons. Ctrl-C stops every process the demo started and leaves the store
+whole."""
 
 import json
 import os
@@ -71,21 +72,25 @@ def test_the_demo_runs_the_whole_loop_and_prints_the_stores_figures(tmp_path):
         revisers = set(session.scalars(select(ToolCallRow.model).where(ToolCallRow.model.like("tracemill-reviser:%"))))
     engine.dispose()
     assert "tracemill-reviser:rules" in revisers  # the sidecar traced its own revisions
-    gate = summary["gate"]
-    assert list(models) == [gate["candidate"]]
-    if gate["passed"]:
-        assert summary["deployed"] == gate["candidate"] and phases[2]["served_by"] == f"sidecar: {gate['candidate']}"
-        assert [(d.action, d.model_id) for d in deployments] == [("deploy", models[gate["candidate"]].id)]
-        assert f"the sidecar serves {gate['candidate']}" in out
+    cycle, candidate = summary["cycle"], summary["candidate"]
+    assert (cycle["status"], cycle["decision"], cycle["forced"]) == ("done", "train", True)
+    assert list(models) == [candidate] and models[candidate].id == cycle["model_id"]
+    if cycle["deployed"]:
+        assert summary["deployed"] == candidate and phases[2]["served_by"] == f"sidecar: {candidate}"
+        assert [(d.action, d.model_id, d.id) for d in deployments] == [
+            ("deploy", models[candidate].id, cycle["deployment_id"])]
+        assert f"the sidecar serves {candidate}" in out
+        assert phases[2]["revised"] == 0 or f"tracemill-reviser:{candidate}" in revisers
     else:
-        assert summary["deployed"] is None and deployments == [] and gate["reasons"]
-        assert f"the gate refused {gate['candidate']}" in out and gate["reasons"][0] in out.replace("\n", " ")
+        assert summary["deployed"] is None and deployments == [] and cycle["gate"]["reason"].startswith("refused")
+        assert f"the gate refused {candidate}" in out
+        assert phases[2]["served_by"] == f"sidecar: rules ({candidate} refused)"
     assert _left_behind(folder) == []
 
 
 def test_ctrl_c_stops_every_process_the_demo_started_and_keeps_the_store(tmp_path):
     folder = tmp_path / "demo"
-    proc = subprocess.Popen(_demo(folder, "--episodes", "400"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(_demo(folder, "--episodes", "60"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, start_new_session=True)
     lines = []
     deadline = time.monotonic() + 120

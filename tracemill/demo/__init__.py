@@ -1,2 +1,2 @@
 """`tracemill demo`: the whole loop on one machine (`cli`), its steps (`run`), the weak model server (`weak_model`),
-the agent (`agent`), the phases' figures (`phases`), the gate (`gate`) and the processes it starts (`processes`)."""
+the agent (`agent`), the phases' figures (`phases`) and the processes it starts (`processes`)."""

@@ -1,9 +1,10 @@
 """`tracemill demo`: the whole loop on one machine, SQLite and the CPU only.
 
 A collector, a weak model server and the reviser sidecar (`tracemill serve`) in front of it; an agent instrumented
-with the SDK runs MCP-Bench tasks with no sidecar, then through the sidecar (the rules revise); the store is mined, a
-tiny reviser model trained with GRPO for a few steps, evaluated beside the rules and deployed if the gate passes; the
-agent runs again through the sidecar, and the figures of the three phases are printed side by side."""
+with the SDK runs MCP-Bench tasks with no sidecar, then through the sidecar (the rules revise); `tracemill cycle
+--force` mines the store, trains a tiny reviser model with GRPO for a few steps, evaluates it against the active
+reviser and deploys it if its gate passes; the agent runs again through the sidecar, and the figures of the three
+phases are printed side by side."""
 
 from __future__ import annotations
 
@@ -21,16 +22,28 @@ from typing import Any
 
 import click
 
-TRAIN_CONFIG = """\
+CYCLE_CONFIG = """\
 device = "cpu"
-[model]
+
+[cycle]
 base = "{base}"
+work = "{work}"
+force = true
+reference_margin = {margin}
+schema_margin = {margin}
+
+[mine]
+eval_share = 0.2
+max_tools = 1
+budget_tokens = 48
+
+[model]
 kind = "full"
-[data]
-dataset = "{data}"
+
 [warmup]
 steps = {warmup}
 learning_rate = 3e-3
+
 [grpo]
 num_generations = 4
 per_device_batch_size = 8
@@ -38,11 +51,11 @@ max_completion_length = 48
 max_steps = {steps}
 learning_rate = 1e-3
 seed = {seed}
+
 [output]
-dir = "{out}"
 save_steps = {steps}
 tensorboard = false
-database_url = "{db}"
+
 [eval]
 suites = []
 """
@@ -51,13 +64,13 @@ ON_A_GPU = """\
 [bold]Which figures come from a tiny CPU model.[/] The model that writes the agent's calls is simulated (MCP-Bench's
 real tool schemas, a weak open model's fault rates); the no-sidecar and rules rows measure the rules reviser on it
 and need no model. The reviser model is {params} built here (`tracemill tiny-model`), warmed up for {warmup} supervised
-steps and trained for {steps} GRPO steps on the CPU: it only shows that the loop runs end to end and that the gate
-decides on measured figures. It is not expected to beat the rules, which it stands behind (it is asked only where
-they fail, and its answer is kept only when valid).
-[bold]With a real model on a GPU[/], the same commands: `tracemill train` with `base = "Qwen/Qwen3-4B-Instruct-2507"`,
-`kind = "lora"`, `\\[generation] use_vllm = true` and a few hundred steps (README, "Train a reviser model"); `tracemill
-serve --upstream http://HOST:8001/v1 --vllm http://HOST:8001/v1` in front of the agent's vLLM server loads each
-deployed version into it as a LoRA adapter; `tracemill deploy` and `--canary` as here."""
+steps and trained for {steps} GRPO steps on the CPU by `tracemill cycle`: it only shows the loop running end to end and
+the gate deciding on measured figures. It is not expected to beat the rules, which it stands behind (it is asked only
+where they fail, and its answer is kept only when valid).
+[bold]With a real model on a GPU[/], the same commands: `tracemill cycle --config FILE` with `\\[cycle] base =
+"Qwen/Qwen3-4B-Instruct-2507"`, `\\[model] kind = "lora"`, `\\[generation] use_vllm = true` and a few hundred steps
+(README, "Train a reviser model"), from cron or `--every 24h`; `tracemill serve --upstream http://HOST:8001/v1 --vllm
+http://HOST:8001/v1` in front of the agent's vLLM server loads each deployed version into it as a LoRA adapter."""
 
 
 @dataclass(frozen=True, slots=True)

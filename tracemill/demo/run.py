@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from tracemill.demo.gate import Verdict, judge
 from tracemill.demo.phases import Phase, measure, table
 from tracemill.demo.processes import DemoError, Processes
 from tracemill.net import ServerThread, free_port
@@ -22,6 +21,7 @@ if TYPE_CHECKING:
 
     from tracemill.demo.cli import Sizes
 
+CYCLE_STEPS = ("cycle ", "mine:", "decide:", "  fix first:", "train:", "evaluate:", "deploy:")
 SIDECAR_EXPORT_S = 6.0  # the sidecar's span batches leave every 5 s: what it traced is stored within this
 
 
@@ -31,8 +31,8 @@ class Demo:
         self.db = f"sqlite:///{folder / 'store.db'}"
         self.phases: list[Phase] = []
         self.timings: dict[str, float] = {}
-        self.dataset: dict[str, Any] = {}
-        self.verdict: Verdict | None = None
+        self.cycle: dict[str, Any] = {}  # the cycle's record (`tracemill cycle --history --json`)
+        self.candidate: str | None = None
         self.deployed: str | None = None
         self.tiny_size: str | None = None
         self._model_server: ServerThread | None = None
@@ -76,14 +76,14 @@ class Demo:
             self._phase("baseline", "no sidecar", self._model_server.url + "/v1", s.seed, weak)
             self._phase("rules", "sidecar: rules", sidecar + "/v1", s.seed, weak)
             time.sleep(SIDECAR_EXPORT_S)
-        with self.step("3. mine the store: failed and repaired calls as RL prompts"):
-            self._mine()
-        with self.step("4. train the tiny reviser with GRPO (CPU)"):
-            candidate = self._train()
-        with self.step("5. the gate: the candidate beside the rules on the held-out split"):
-            self._gate(candidate, sidecar)
-        served_by = f"sidecar: {self.deployed}" if self.deployed else f"sidecar: rules ({candidate} refused)"
-        with self.step("6. phase 2: the agent through the sidecar, serving what the gate let through"):
+        with self.step("3. tracemill cycle --force: mine, decide, train the tiny reviser (GRPO, CPU), evaluate"):
+            self._cycle()
+        wanted = "no worse than" if not s.margin else f"at least {s.margin:.1%} better than"
+        with self.step(f"4. the cycle's gate: the candidate is deployed only if {wanted} the active reviser"):
+            self._gate(sidecar)
+        served_by = (f"sidecar: {self.deployed}" if self.deployed
+                     else f"sidecar: {self.cycle['baseline']} ({self.candidate} refused)")
+        with self.step("5. phase 2: the agent through the sidecar, serving what the gate let through"):
             self._phase("model" if self.deployed else "rules again", served_by, sidecar + "/v1", s.seed + 1, weak)
         self.close()
         self.console.rule("[bold]before and after")
@@ -127,38 +127,51 @@ class Demo:
                            f"{metrics.total_calls} tool calls stored, {tally.revised} answers revised"
                            + (f", {tally.by_model} of them by the model reviser" if tally.by_model else ""))
 
-    def _mine(self) -> None:
-        out = self.processes.run("mine", "mine", "--db", self.db, "--out", str(self.folder / "mined"), "--eval-share",
-                                 "0.2", "--max-tools", "1", "--budget-tokens", "48", "--json")
-        card = json.loads(out[out.index("{"):])
-        counts = card["counts"]
-        self.dataset = {"train_rows": card["splits"]["train"]["rows"], "eval_rows": card["splits"]["eval"]["rows"],
-                        "failure_class": counts["failure_class"], "provenance": counts["provenance"]}
-        shown = ", ".join(f"{k} {v}" for k, v in sorted(counts["failure_class"].items(), key=lambda kv: -kv[1]))
-        self.console.print(f"{self.folder / 'mined'}: {self.dataset['train_rows']} train rows, "
-                           f"{self.dataset['eval_rows']} held-out rows (a fifth of the traces)\n  by failure class: "
-                           f"{shown}\n  references: " + ", ".join(f"{k} {v}" for k, v in counts["provenance"].items()))
-
-    def _train(self) -> str:
+    def _cycle(self) -> None:
         from rich.progress import Progress
 
-        from tracemill.demo.cli import TRAIN_CONFIG
+        from tracemill.demo.cli import CYCLE_CONFIG
 
         self._wait("tiny-model")  # built in the background since step 1
         self.tiny_size = self.processes.tail("tiny-model", 1).rpartition("(")[2].rstrip(")") or None
-        run = self.folder / "run"
-        config = self.folder / "train.toml"
         s = self.sizes
-        config.write_text(TRAIN_CONFIG.format(base=self.folder / "tiny", data=self.folder / "mined",
-                                              warmup=s.warmup_steps, steps=s.steps, seed=s.seed, out=run, db=self.db))
+        config = self.folder / "cycle.toml"
+        config.write_text(CYCLE_CONFIG.format(base=self.folder / "tiny", work=self.folder / "cycles",
+                                              margin=s.margin, warmup=s.warmup_steps, steps=s.steps, seed=s.seed))
+        run = self.folder / "cycles" / "cycle-0001" / "run"
+        shown: list[str] = []
+
+        def follow(progress: Progress, task: Any) -> None:
+            lines = [line for line in self.processes.tail("cycle", 400).splitlines()
+                     if line.startswith(CYCLE_STEPS)]
+            for line in lines[len(shown):]:
+                self.console.print(line)
+            shown[:] = lines
+            progress.update(task, completed=_grpo_steps(run))
+
         with Progress(console=self.console, transient=True) as progress:
-            task = progress.add_task("warm-up, then GRPO steps", total=s.steps)
-            self.processes.run("train", "train", "--config", str(config),
-                               while_running=lambda: progress.update(task, completed=_grpo_steps(run)))
-        candidate = self._newest_model()
-        self.console.print(f"{candidate}: {run / 'model'} ({self.tiny_size}), {s.warmup_steps} warm-up steps and "
-                           f"{_grpo_steps(run)} GRPO steps; metrics in {run / 'metrics.jsonl'}")
-        return candidate
+            task = progress.add_task("the cycle (GRPO steps)", total=s.steps)
+            self.processes.run("cycle", "cycle", "--config", str(config), "--db", self.db,
+                               while_running=lambda: follow(progress, task))
+            follow(progress, task)
+        history = self.processes.run("cycle-history", "cycle", "--history", "--json", "--limit", "1", "--db", self.db)
+        self.cycle = cycle = json.loads(history[history.index("["):])[0]
+        if cycle["model_id"] is None:
+            raise DemoError(f"the cycle trained no model ({cycle['status']}: {cycle['error'] or cycle['reason']})")
+        self.candidate = self._model_name(cycle["model_id"])
+
+    def _model_name(self, model_id: int) -> str:
+        from sqlalchemy.orm import Session
+
+        from tracemill.store.engine import make_engine
+        from tracemill.store.tables import ModelRow
+
+        engine = make_engine(self.db)
+        try:
+            with Session(engine) as session:
+                return session.get_one(ModelRow, model_id).name
+        finally:
+            engine.dispose()
 
     def _wait(self, name: str) -> None:
         """Wait for a background command the demo started to end."""
@@ -169,47 +182,26 @@ class Demo:
                 if proc.returncode != 0:
                     raise DemoError(f"`tracemill {name}` failed:\n{self.processes.tail(name)}")
 
-    def _newest_model(self) -> str:
-        return self._model_row(lambda row: row.name)
-
-    def _model_row(self, read: Callable[[Any], Any]) -> Any:
-        from sqlalchemy import select
-        from sqlalchemy.orm import Session
-
-        from tracemill.store.engine import make_engine
-        from tracemill.store.tables import ModelRow
-
-        engine = make_engine(self.db)
-        try:
-            with Session(engine) as session:
-                row = session.scalars(select(ModelRow).order_by(ModelRow.id.desc()).limit(1)).first()
-                if row is None:
-                    raise DemoError("`tracemill train` registered no model")
-                return read(row)
-        finally:
-            engine.dispose()
-
-    def _gate(self, candidate: str, sidecar: str) -> None:
+    def _gate(self, sidecar: str) -> None:
         from rich.table import Table
 
-        self.verdict = verdict = judge(candidate, self._model_row(lambda row: dict(row.evaluation or {})),
-                                       self.sizes.margin)
-        shown = Table(title=f"{candidate} beside the rules on {verdict.cases} held-out cases")
-        for column in ("check", candidate, "rules (active)", "rule", "passed"):
-            shown.add_column(column)
         from tracemill.rates import percent
 
-        for check in verdict.checks:
-            shown.add_row(check.name, percent(check.candidate), percent(check.active), check.rule,
-                          "yes" if check.passed else "[bold]no[/]")
+        gate, candidate = self.cycle["gate"], self.candidate
+        shown = Table(title=f"the cycle's gate: {candidate} beside {self.cycle['baseline']} (active) on the same "
+                            "held-out cases")
+        for column in ("check", "suite", candidate, self.cycle["baseline"], "needed", "passed"):
+            shown.add_column(column)
+        for check in gate.get("checks") or ():
+            shown.add_row(check["name"].replace("_", " "), check["suite"], percent(check["candidate"]),
+                          percent(check["baseline"]), check["needed"], "yes" if check["passed"] else "[bold]no[/]")
         self.console.print(shown)
-        if not verdict.passed:
-            reasons = "; ".join(verdict.reasons()) or "the trainer measured no figures for it"
-            self.console.print(f"[bold]the gate refused {candidate}[/]: {reasons}. The sidecar keeps the rules.")
+        if not self.cycle["deployed"]:
+            self.console.print(f"[bold]the gate refused {candidate}[/]: {gate.get('reason')}. The sidecar keeps "
+                               f"{self.cycle['baseline']}.")
             return
-        note = f"demo gate passed (margin {self.sizes.margin:g})"
-        self.console.print(self.processes.run("deploy", "deploy", candidate, "--db", self.db, "--actor",
-                                              "tracemill-demo", "--note", note).strip().splitlines()[-1])
+        self.console.print(f"the cycle deployed {candidate} (deployment {self.cycle['deployment_id']}): "
+                           f"{gate.get('reason')}")
         deadline = time.monotonic() + 180
         while (health := httpx.get(sidecar + "/healthz", timeout=5).json())["version"] != candidate:
             if health.get("deployment_error") or time.monotonic() > deadline:
@@ -217,7 +209,7 @@ class Demo:
                                 f"{health.get('deployment_error') or 'timed out'}\n{self.processes.tail('serve')}")
             time.sleep(0.5)
         self.deployed = candidate
-        self.console.print(f"the sidecar serves {candidate} (loaded in its process, behind the rules)")
+        self.console.print(f"the sidecar serves {candidate} (loaded in its process, asked where the rules fail)")
 
     def close(self) -> None:
         """Stop what the demo started, newest first; the collector last, so that every span sent is stored."""
@@ -231,19 +223,13 @@ class Demo:
             tm.shutdown()
         if self._model_server is not None:
             self._model_server.stop()
-        for name in ("train", "mine", "deploy", "tiny-model", "serve"):
+        for name in ("cycle", "cycle-history", "tiny-model", "serve"):
             self.processes.stop(name)
         self.processes.stop_all()
 
     def summary(self) -> dict[str, Any]:
-        verdict = self.verdict
-        return {"phases": [p.to_dict() for p in self.phases], "dataset": self.dataset, "deployed": self.deployed,
-                "gate": None if verdict is None else {
-                    "candidate": verdict.candidate, "passed": verdict.passed, "cases": verdict.cases,
-                    "reasons": verdict.reasons(),
-                    "checks": [{"name": c.name, "candidate": c.candidate, "active": c.active, "passed": c.passed,
-                                "rule": c.rule} for c in verdict.checks]},
-                "timings_s": self.timings}
+        return {"phases": [p.to_dict() for p in self.phases], "cycle": self.cycle, "candidate": self.candidate,
+                "deployed": self.deployed, "timings_s": self.timings}
 
 
 def _grpo_steps(run: Path) -> int:
