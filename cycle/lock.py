@@ -87,7 +87,10 @@ class StoreLock:
                 raise LockBusy(f"another cycle holds the lock {self.name!r}: {row.holder} since "
                                f"{_aware(row.acquired_at):%Y-%m-%d %H:%M:%S} UTC (it expires at "
                                f"{_aware(row.expires_at):%H:%M:%S} UTC unless renewed)")
-            taken = conn.execute(update(L).where(L.c.name == self.name, L.c.holder == row.holder).values(**values))
+            still = [L.c.name == self.name, L.c.holder == row.holder]
+            if not _dead_here(row.holder):  # expired when read: only while it is still expired (not renewed since)
+                still.append(L.c.expires_at < values["acquired_at"])
+            taken = conn.execute(update(L).where(*still).values(**values))
             if taken.rowcount != 1:
                 raise LockBusy(f"another process took the lock {self.name!r} at the same moment")
             self.took_over = row.holder

@@ -59,10 +59,6 @@ class CycleRecord:
     deployment_id: int | None
     error: str | None
 
-    @property
-    def trained(self) -> bool:
-        return self.model_id is not None
-
     def to_dict(self) -> dict[str, Any]:
         shown = asdict(self)
         for key in ("started_at", "finished_at"):
