@@ -108,3 +108,14 @@ def test_ctrl_c_stops_every_process_the_demo_started_and_keeps_the_store(tmp_pat
     with sqlite3.connect(folder / "store.db") as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
         assert conn.execute("SELECT count(*) FROM tool_calls WHERE harness_version = ?", (HARNESS,)).fetchone()[0] > 0
+
+
+def test_a_folder_the_demo_did_not_make_is_left_alone(tmp_path):
+    from click.testing import CliRunner
+
+    from tracemill.cli import main
+
+    (tmp_path / "notes.txt").write_text("mine")
+    result = CliRunner().invoke(main, ["demo", "--dir", str(tmp_path)])
+    assert result.exit_code == 2 and "holds something other than an earlier demo" in result.output
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]

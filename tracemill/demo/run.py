@@ -95,6 +95,7 @@ class Demo:
                                                          for k, v in self.timings.items()))
 
     def _phase(self, name: str, served_by: str, base_url: str, seed: int, weak: Any) -> None:
+        from openai import APIError
         from rich.progress import Progress
 
         import tracemill.sdk as tm
@@ -103,8 +104,6 @@ class Demo:
         from tracemill.store.engine import make_engine
 
         since = datetime.now(UTC)
-        from openai import APIError
-
         with Progress(console=self.console, transient=True) as progress:
             task = progress.add_task(f"{name}: episodes", total=self.sizes.episodes)
             try:
