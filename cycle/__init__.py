@@ -7,8 +7,8 @@ candidate against the active reviser, deploy it only when the gate passes, and r
 """
 
 from tracemill.cycle.record import CycleRecord, history
-from tracemill.cycle.run import CycleBusy, run_cycle
-from tracemill.cycle.settings import CycleSettings, Decision, Gate, Mining, train_config
+from tracemill.cycle.run import CycleBusy, CycleError, run_cycle
+from tracemill.cycle.settings import CycleSettings, Decision, Gate, Mining, load_settings, train_config
 
-__all__ = ["CycleBusy", "CycleRecord", "CycleSettings", "Decision", "Gate", "Mining", "history", "run_cycle",
-           "train_config"]
+__all__ = ["CycleBusy", "CycleError", "CycleRecord", "CycleSettings", "Decision", "Gate", "Mining", "history",
+           "load_settings", "run_cycle", "train_config"]

@@ -101,6 +101,7 @@ def _every(settings: Any, period: float, as_json: bool) -> None:
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # also where it was started with SIGINT ignored (`&`)
     try:
         while not stop.is_set():
             started = time.monotonic()

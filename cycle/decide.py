@@ -58,6 +58,9 @@ def _shown(rates: list[HarnessRate]) -> str:
 
 def harness_verdict(rates: list[HarnessRate], settings: Decision) -> tuple[bool, str]:
     """(tuning still pays, why, with the rates)."""
+    if not rates:
+        return False, ("no stored call names its harness version (the SDK's harness_version): harness tuning cannot be "
+                       "judged, so the new failures decide")
     window = rates[-settings.plateau_window:]
     if len(window) < settings.plateau_window:
         return True, (f"{len(rates)} harness version(s) seen ({_shown(rates) or 'none'}): harness tuning has not yet "

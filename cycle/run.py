@@ -3,8 +3,9 @@ figures when it ends, under the store's `cycle` lock.
 
 Killed at any step (SIGKILL, power), a cycle leaves the active deployment as it was: the deployment and the cycle's
 record of it are one transaction, which commits whole or not at all, and it commits only while this process still
-holds the lock. The next cycle marks the dead one `interrupted`, removes its work folder (unless a registered model
-lives there) and starts clean from the calls the last cycle that trained had read.
+holds the lock. The next cycle marks the dead one `interrupted`, removes what it left of its training (unless its
+model was registered) and of a half-written export, and starts clean from the calls the last cycle that trained had
+read.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from tracemill.store.tables import ModelRow, ToolCallRow
 
 C = ToolCallRow.__table__.c
 LOCK = "cycle"
+DATASET, RUN = "dataset", "run"  # in WORK/cycle-NNNN/
 
 
 class CycleBusy(LockBusy):
@@ -44,13 +46,17 @@ def _folder(settings: CycleSettings, cycle_id: int) -> Path:
 
 
 def _clean_up(engine: Engine, settings: CycleSettings, dead: list[CycleRecord]) -> None:
-    """Remove the work folders of killed cycles, unless a registered model lives in one."""
+    """Remove what killed cycles left of their training (checkpoints, a model never registered); their datasets stay,
+    as the `datasets` table records them."""
     with engine.connect() as conn:
         paths = [Path(p) for p in conn.execute(select(ModelRow.path)).scalars()]
     for cycle in dead:
         folder = _folder(settings, cycle.id)
-        if folder.is_dir() and not any(p.is_relative_to(folder) for p in paths):
-            shutil.rmtree(folder, ignore_errors=True)
+        run = folder / RUN
+        if run.is_dir() and not any(p.is_relative_to(run) for p in paths):
+            shutil.rmtree(run, ignore_errors=True)
+        for partial in folder.glob(f".{DATASET}.partial-*"):  # an export killed half-way
+            shutil.rmtree(partial, ignore_errors=True)
 
 
 def _new_calls(engine: Engine, since: int | None, upto: int | None) -> tuple[int, int]:
@@ -101,7 +107,7 @@ class _Cycle:
             return self.finish(decision=WAIT, reason="no new calls since the last cycle that trained")
         where = CallFilter(after_id=since)
         m = s.mining
-        exported = mine(self.engine, self.folder / "dataset", MineOptions(
+        exported = mine(self.engine, self.folder / DATASET, MineOptions(
             where=where, eval_share=m.eval_share, valid_share=m.valid_share, seed=m.seed, prompt=m.prompt,
             workers=m.workers))
         last = exported.card["last_call_id"] or upto
@@ -131,7 +137,7 @@ class _Cycle:
         config = s.train.model_copy(update={
             "model": s.train.model.model_copy(update={"base": s.base_model}),
             "data": s.train.data.model_copy(update={"dataset": dataset}),
-            "output": s.train.output.model_copy(update={"dir": self.folder / "run", "database_url": s.store,
+            "output": s.train.output.model_copy(update={"dir": self.folder / RUN, "database_url": s.store,
                                                          "register_model": True}),
         })
         plan = make_plan(config)

@@ -183,6 +183,14 @@ def test_harness_tuning_still_pays_then_plateaus_and_the_decision_follows(platea
     assert listed[1]["harness_rates"][0]["version"] == "prompt-v1"
 
 
+def test_calls_that_name_no_harness_version_leave_the_decision_to_the_failures(sqlite_url):
+    engine = open_store(sqlite_url)
+    enough, short = decide(engine, 5, Decision(min_new_failures=5)), decide(engine, 4, Decision(min_new_failures=5))
+    engine.dispose()
+    assert enough.decision == "train" and "harness tuning cannot be judged" in enough.reason
+    assert short.decision == "wait" and "4 new failed call(s)" in short.reason
+
+
 def test_the_gate_refuses_a_worse_reviser_on_the_same_held_out_cases(plateau):
     engine = open_store(plateau["db"])
     with engine.connect() as conn:
@@ -335,8 +343,9 @@ def test_a_cycle_killed_at_each_step_leaves_the_deployment_as_it_was(tiny, tmp_p
     final = rows[max(rows)]
     assert final.status == "done" and final.deployed and active(db) == model_name(db, final.model_id)
     assert final.since_call_id is None  # the killed ones trained nothing that counts: it starts clean
-    for cycle_id, step in killed.items():  # their folders are gone, but for the one whose model was registered
-        assert (tmp_path / "cycles" / f"cycle-{cycle_id:04d}").exists() == (step == "deploy")
+    for cycle_id, step in killed.items():  # their training is gone, but for the one whose model was registered
+        assert (tmp_path / "cycles" / f"cycle-{cycle_id:04d}" / "run").exists() == (step == "deploy")
+        assert (tmp_path / "cycles" / f"cycle-{cycle_id:04d}" / "dataset").exists() == (step != "mine")
 
 
 def model_name(db: str, model_id: int) -> str:
@@ -358,7 +367,7 @@ def test_every_runs_in_the_foreground_and_ctrl_c_stops_it_cleanly(tmp_path):
         if line.startswith("next cycle in 1.00 h"):
             break
     process.send_signal(signal.SIGINT)
-    rest, _ = process.communicate(timeout=30)
+    rest, _ = process.communicate(timeout=60)
     assert process.returncode == 0, "".join(output) + rest
     assert "decision wait: no new calls" in "".join(output) and rest.strip().endswith("stopped")
     assert [c.decision for c in cycles(db)] == ["wait"]
