@@ -18,21 +18,29 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from sqlalchemy import Engine  # noqa: E402
+from sqlalchemy.orm import Session  # noqa: E402
+
+from tracemill.miner.failures import FailureCounts, failure_report  # noqa: E402
+from tracemill.serving import deployments  # noqa: E402
 from tracemill.settings import Settings  # noqa: E402
 from tracemill.simulate import simulate  # noqa: E402
 from tracemill.store import learning, queries, traces  # noqa: E402
 from tracemill.store.engine import make_engine  # noqa: E402
 from tracemill.store.migrate import upgrade  # noqa: E402
+from tracemill.store.tables import utcnow  # noqa: E402
 from tracemill.ui import decide, queue  # noqa: E402
 
 from support import CollectorProcess  # noqa: E402
 
+RECOUNT = 20_000  # the newest ids the Failure modes page counts again on each visit (FailureCounts.update)
 _SPAN_COLUMNS = ("trace_id, span_id, parent_span_id, name, kind, start_time_ns, end_time_ns, status_code, "
                  "status_message, service_name, scope_name, attributes, resource, events, links, received_at")
 
@@ -69,12 +77,36 @@ def build(path: Path, episodes: int, spans: int) -> None:
 
 
 def timed(fn: Callable[[], Any], repeat: int) -> dict[str, float]:
-    times = []
+    """Wall and CPU milliseconds (this process's: SQLite runs in it), median and worst of `repeat` runs."""
+    walls, cpus = [], []
     for _ in range(repeat):
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         fn()
-        times.append((time.perf_counter() - started) * 1000)
-    return {"median_ms": round(statistics.median(times), 1), "max_ms": round(max(times), 1)}
+        walls.append((time.perf_counter() - started) * 1000)
+        cpus.append((time.process_time() - cpu) * 1000)
+    return {"median_ms": round(statistics.median(walls), 1), "max_ms": round(max(walls), 1),
+            "median_cpu_ms": round(statistics.median(cpus), 1), "max_cpu_ms": round(max(cpus), 1)}
+
+
+def failures_visit(engine: Engine, new_calls: int) -> Any:
+    """The Failure modes page after `new_calls` calls were stored since its last visit (it keeps its counts)."""
+    with engine.connect() as conn:
+        top = int(conn.exec_driver_sql("select max(id) from tool_calls").scalar())
+    counts = FailureCounts(settled_id=max(0, top - new_calls - RECOUNT)).update(engine, recount=RECOUNT)
+    return counts.report(), counts.report(("stage", "kind"), since_day=(utcnow() - timedelta(days=7)).date().isoformat())
+
+
+def facets_visit(conn: Any, new_calls: int) -> Any:
+    """The Traces page's filter values after `new_calls` calls were stored since its last visit."""
+    top = int(conn.exec_driver_sql("select max(id) from tool_calls").scalar())
+    return traces.facets(conn, known=traces.Facets({}, {}, {}, {}, (), max(0, top - new_calls)))
+
+
+def models_page(engine: Engine) -> Any:
+    with engine.connect() as conn:
+        found = learning.models(conn)
+    with Session(engine) as session:
+        return found, deployments.served(session), deployments.history(session, limit=200)
 
 
 def main() -> None:
@@ -108,7 +140,8 @@ def main() -> None:
         return run
 
     checks: dict[str, Callable[[], Any]] = {
-        "traces: filter values (cached 5 min)": page(traces.facets),
+        "traces: filter values, first visit of a UI process": page(traces.facets),
+        "traces: filter values, a visit after 1,000 new calls": page(lambda c: facets_visit(c, 1000)),
         "traces: newest 50": page(lambda c: traces.traces(c)),
         "traces: service": page(lambda c: traces.traces(c, f(service="tracemill-simulate"))),
         "traces: service no trace has": page(lambda c: traces.traces(c, f(service="nobody"))),
@@ -122,19 +155,21 @@ def main() -> None:
         "trace: spans, calls, toolsets": page(lambda c: (queries.trace_spans(c, trace, resolved=False),
                                                          queries.toolsets(c, [x.toolset_id for x in queries.trace_calls(
                                                              c, [trace])[trace] if x.toolset_id]))),
-        "failure modes: counts (cached 2 min)": page(queries.failure_counts),
+        "failure modes: first visit of a UI process (failure_report)": lambda: failure_report(engine),
+        "failure modes: a visit after 1,000 new calls": lambda: failures_visit(engine, 1000),
         "review: scan of new calls (none)": lambda: queue.scan(engine, rules, budget_s=0.5),
         "review: progress": lambda: queue.progress(engine),
         "review: next waiting": lambda: queue.waiting(engine, "bench"),
         "review: the item": lambda: decide.subject(engine, item),
         "datasets": page(learning.datasets),
-        "models and deployments": page(lambda c: (learning.models(c), learning.serving_now(c))),
+        "models and deployments": lambda: models_page(engine),
     }
     results = {name: timed(fn, args.repeat) for name, fn in checks.items()}
     width = max(map(len, results))
     print(f"store: {sizes}")
     for name, r in results.items():
-        print(f"{name:<{width}}  median {r['median_ms']:8.1f} ms   max {r['max_ms']:8.1f} ms")
+        print(f"{name:<{width}}  median {r['median_ms']:8.1f} ms   max {r['max_ms']:8.1f} ms   "
+              f"cpu median {r['median_cpu_ms']:8.1f} ms   max {r['max_cpu_ms']:8.1f} ms")
     if args.out:
         args.out.write_text(json.dumps({"store": sizes, "results": results}, indent=2))
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, select
+from sqlalchemy import Connection, Engine, and_, case, func, or_, select
 
 from tracemill.rates import rate
 from tracemill.store.queries import CallFilter
@@ -129,27 +129,98 @@ def day_of(start_time_ns: int) -> str:
     return datetime.fromtimestamp(start_time_ns // DAY_NS * 86_400, UTC).date().isoformat()
 
 
-_FAILED_COLUMNS = (C.id, C.name, C.stage, C.violations, C.execution_status, C.execution_error, C.model,
-                   C.harness_version, C.start_time_ns)
+_FAILED = or_(C.stage.is_not(None), C.execution_status == "error")
+_GROUP = (C.name, C.stage, case((C.stage.is_not(None), C.violations[(0, "kind")].as_string())),
+          case((C.stage.is_not(None), C.violations[(0, "pointer")].as_string())),
+          case((and_(C.stage.is_(None), C.execution_status == "error"), C.execution_error)),
+          case((_FAILED, 1), else_=0), C.model, C.harness_version, C.start_time_ns // DAY_NS)
 
 
-def _failed_rows(engine: Engine, where: CallFilter, batch: int) -> Iterator[Any]:
-    """The failed calls `where` selects, only the columns a mode needs, in batches keyed on the id (each its own short
-    transaction, as `queries.iter_calls` reads)."""
-    last = where.after_id
-    while True:
-        f = replace(where, failed=True, after_id=last)
+def _label(value: str | None) -> str:
+    return NONE if value is None else value
+
+
+@dataclass
+class FailureCounts:
+    """Every call `where` selects counted once by (day, model, harness version), and every failed one also by its
+    full `FailureKey`: what any `FailureReport` of these calls is made from. `update` reads only what was stored since
+    the last update, plus the newest `recount` ids again (a call's execution may be stored after the call, and turn
+    it into an execution failure), in windows of ids, each one GROUP BY in its own short transaction: a reader who
+    keeps the counts (the UI) pays for new calls only."""
+
+    where: CallFilter = field(default_factory=CallFilter)
+    settled_id: int = 0  # calls up to this id are in `calls` and `failed` for good
+    calls: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    failed: Counter[tuple[FailureKey, str, str, str]] = field(default_factory=Counter)
+    recent_calls: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # the calls after `settled_id`
+    recent_failed: Counter[tuple[FailureKey, str, str, str]] = field(default_factory=Counter)
+
+    def update(self, source: Engine | Connection, window: int = 100_000, recount: int = 20_000) -> FailureCounts:
+        engine = _engine(source)
         with engine.connect() as conn:
-            rows = conn.execute(f.apply(select(*_FAILED_COLUMNS)).order_by(C.id).limit(batch)).all()
-        if not rows:
-            return
-        yield from rows
-        last = rows[-1].id
+            top = int(conn.execute(select(func.max(C.id))).scalar() or 0)
+        low = max(self.settled_id, self.where.after_id or 0)
+        settle_to = max(low, top - recount)
+        self._count(engine, low, settle_to, self.calls, self.failed, window)
+        self.settled_id = settle_to
+        self.recent_calls, self.recent_failed = Counter(), Counter()
+        self._count(engine, settle_to, top, self.recent_calls, self.recent_failed, window)
+        return self
 
+    def _count(self, engine: Engine, low: int, top: int, calls: Counter[tuple[str, str, str]],
+               failed: Counter[tuple[FailureKey, str, str, str]], window: int) -> None:
+        where = replace(self.where, failed=None, after_id=None)
+        while low < top:
+            high = min(low + window, top)
+            statement = where.apply(select(*_GROUP, func.count())).where(C.id > low, C.id <= high).group_by(*_GROUP)
+            with engine.connect() as conn:
+                rows = conn.execute(statement).all()
+            for name, stage, kind, pointer, error, is_failed, model, harness, day, n in rows:
+                at = (day_of(int(day) * DAY_NS), _label(model), _label(harness))
+                calls[at] += int(n)
+                if is_failed:
+                    key = (FailureKey(name, stage, kind or "unknown", pointer or "") if stage is not None
+                           else FailureKey(name, "execution", execution_error_kind(error), ""))
+                    failed[(key, *at)] += int(n)
+            low = high
 
-def _totals(conn: Connection, where: CallFilter, column: Any) -> dict[str, int]:
-    rows = conn.execute(where.apply(select(column.label("k"), func.count())).group_by(column)).all()
-    return {(NONE if k is None else str(k)): int(n) for k, n in rows}
+    def report(self, by: Sequence[str] = GROUP_FIELDS, limit: int | None = None,
+               since_day: str | None = None) -> FailureReport:
+        """The modes by the parts of the key named in `by` (any of `GROUP_FIELDS`, in that order), most frequent
+        first; `limit`: the most frequent only; `since_day`: only calls made on that UTC day (ISO date) or later."""
+        fields = tuple(f for f in GROUP_FIELDS if f in by)
+        unknown = set(by) - set(GROUP_FIELDS)
+        if unknown or not fields:
+            raise ValueError(f"cluster by any of {', '.join(GROUP_FIELDS)}; got {', '.join(by) or 'nothing'}")
+        calls_by_day: Counter[str] = Counter()
+        calls_by_model: Counter[str] = Counter()
+        calls_by_harness: Counter[str] = Counter()
+        for (day, model, harness), n in (self.calls + self.recent_calls).items():
+            if since_day is None or day >= since_day:
+                calls_by_day[day] += n
+                calls_by_model[model] += n
+                calls_by_harness[harness] += n
+        total = sum(calls_by_day.values())
+        counts: Counter[FailureKey] = Counter()
+        per_day: dict[FailureKey, Counter[str]] = defaultdict(Counter)
+        per_model: dict[FailureKey, Counter[str]] = defaultdict(Counter)
+        per_harness: dict[FailureKey, Counter[str]] = defaultdict(Counter)
+        for (full, day, model, harness), n in (self.failed + self.recent_failed).items():
+            if since_day is not None and day < since_day:
+                continue
+            key = FailureKey(*(getattr(full, f) if f in fields else ("" if f != "tool" else None)
+                               for f in GROUP_FIELDS))
+            counts[key] += n
+            per_day[key][day] += n
+            per_model[key][model] += n
+            per_harness[key][harness] += n
+        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0].label(fields)))
+        modes = [FailureMode(key, n, n / total if total else 0.0, dict(sorted(per_day[key].items())),
+                             dict(per_model[key].most_common()), dict(per_harness[key].most_common()), fields)
+                 for key, n in (ranked[:limit] if limit is not None else ranked)]
+        filters = self.where.to_dict() | ({"since_day": since_day} if since_day is not None else {})
+        return FailureReport(total, sum(counts.values()), modes, dict(sorted(calls_by_day.items())),
+                             dict(calls_by_model.most_common()), dict(calls_by_harness.most_common()), filters, fields)
 
 
 def _engine(source: Engine | Connection) -> Engine:
@@ -157,41 +228,11 @@ def _engine(source: Engine | Connection) -> Engine:
 
 
 def failure_report(source: Engine | Connection, where: CallFilter = CallFilter(), *,
-                   by: Sequence[str] = GROUP_FIELDS, limit: int | None = None, batch: int = 20_000) -> FailureReport:
+                   by: Sequence[str] = GROUP_FIELDS, limit: int | None = None) -> FailureReport:
     """Cluster the failed calls `where` selects by the parts of their key named in `by` (any of `GROUP_FIELDS`, in
     that order). `limit`: the most frequent modes only."""
-    fields = tuple(f for f in GROUP_FIELDS if f in by)
-    unknown = set(by) - set(GROUP_FIELDS)
-    if unknown or not fields:
-        raise ValueError(f"cluster by any of {', '.join(GROUP_FIELDS)}; got {', '.join(by) or 'nothing'}")
-    engine = _engine(source)
-    where = replace(where, failed=None)
-    with engine.connect() as conn:
-        days = _totals(conn, where, C.start_time_ns // DAY_NS)
-        calls_by_day = dict(sorted((day_of(int(k) * DAY_NS), n) for k, n in days.items() if k != NONE))
-        calls_by_model = _totals(conn, where, C.model)
-        calls_by_harness = _totals(conn, where, C.harness_version)
-    total = sum(calls_by_model.values())
-    counts: Counter[FailureKey] = Counter()
-    per_day: dict[FailureKey, Counter[str]] = defaultdict(Counter)
-    per_model: dict[FailureKey, Counter[str]] = defaultdict(Counter)
-    per_harness: dict[FailureKey, Counter[str]] = defaultdict(Counter)
-    failed = 0
-    for row in _failed_rows(engine, where, batch):
-        key = failure_key(row.name, row.stage, row.violations, row.execution_status, row.execution_error)
-        if key is None:
-            continue
-        failed += 1
-        key = FailureKey(*(getattr(key, f) if f in fields else ("" if f != "tool" else None) for f in GROUP_FIELDS))
-        counts[key] += 1
-        per_day[key][day_of(row.start_time_ns)] += 1
-        per_model[key][NONE if row.model is None else row.model] += 1
-        per_harness[key][NONE if row.harness_version is None else row.harness_version] += 1
-    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0].label(fields)))
-    modes = [FailureMode(key, n, n / total if total else 0.0, dict(sorted(per_day[key].items())),
-                         dict(per_model[key].most_common()), dict(per_harness[key].most_common()), fields)
-             for key, n in (ranked[:limit] if limit is not None else ranked)]
-    return FailureReport(total, failed, modes, calls_by_day, calls_by_model, calls_by_harness, where.to_dict(), fields)
+    FailureCounts().report(by)  # a bad `by` is refused before the store is read
+    return FailureCounts(replace(where, failed=None)).update(source).report(by, limit)
 
 
 def failure_modes(source: Engine | Connection, where: CallFilter = CallFilter(), *,
@@ -261,13 +302,18 @@ def compare_harness(source: Engine | Connection, a: str, b: str, where: CallFilt
                     by: Sequence[str] = GROUP_FIELDS, alpha: float = 0.05) -> list[HarnessComparison]:
     """Every mode seen under harness version `a` or `b`, with its rate under each (of all the calls each version
     made that `where` selects) and whether it changed; the modes that changed most first."""
-    reports = [failure_report(source, replace(where, harness_version=version), by=by) for version in (a, b)]
-    counts = [{m.key: m.count for m in r.modes} for r in reports]
-    keys = sorted(set(counts[0]) | set(counts[1]), key=lambda k: k.label(reports[0].fields))
+    return harness_changes(failure_report(source, replace(where, harness_version=None), by=by), a, b, alpha=alpha)
+
+
+def harness_changes(report: FailureReport, a: str, b: str, *, alpha: float = 0.05) -> list[HarnessComparison]:
+    """`compare_harness` on a report already read (its modes' `by_harness` splits), so that a page showing the report
+    compares versions without reading the store again."""
+    calls_a, calls_b = report.calls_by_harness.get(a, 0), report.calls_by_harness.get(b, 0)
+    seen = [m for m in report.modes if m.by_harness.get(a) or m.by_harness.get(b)]
     found = []
-    for key in keys:
-        x1, x2 = counts[0].get(key, 0), counts[1].get(key, 0)
-        z, p = two_proportion_test(x1, reports[0].total_calls, x2, reports[1].total_calls)
-        found.append(HarnessComparison(key, a, b, x1, reports[0].total_calls, x2, reports[1].total_calls, z, p,
-                                       p < alpha / max(1, len(keys)), reports[0].fields))
+    for mode in sorted(seen, key=lambda m: m.label):
+        x1, x2 = mode.by_harness.get(a, 0), mode.by_harness.get(b, 0)
+        z, p = two_proportion_test(x1, calls_a, x2, calls_b)
+        found.append(HarnessComparison(mode.key, a, b, x1, calls_a, x2, calls_b, z, p,
+                                       p < alpha / max(1, len(seen)), report.fields))
     return sorted(found, key=lambda c: (c.p_value, -abs(c.z), c.label))

@@ -7,9 +7,9 @@
 
 A version is a row of `models`, or `rules` (model_id None: the deterministic reviser alone). Rolling back walks the
 history: each rollback undoes the newest deploy not undone yet, so two rollbacks after two deploys are back where the
-history started (rules alone). Each row says who, when and why (the model's eval figures and a note). The rows mean
-what they mean to every reader of the table (the UI's deploy page, `store.learning.serving_now`): the active version is
-the newest `active` row's, and a canary runs while the newest `canary` row is a `canary` (`end_canary` ends it).
+history started (rules alone). Each row says who, when and why (the model's eval figures and a note). Every reader
+of the table replays it here (the sidecar, `tracemill deployments`, the UI's Models page, which also deploys and rolls
+back through these functions): a canary runs while the newest `canary` row is a `canary` (`end_canary` ends it).
 """
 
 from __future__ import annotations

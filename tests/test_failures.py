@@ -1,5 +1,6 @@
 """`tracemill.miner.failures` and `tracemill failures` on calls the collector's writer stored, on SQLite and
-PostgreSQL: modes ranked by count with their shares, trends and splits; two harness versions compared with a test that
+PostgreSQL: modes ranked by count with their shares, trends and splits; counts kept between reads (and the trace
+explorer's filter values, kept the same way) that read only new calls; two harness versions compared with a test that
 calls a real drop significant and noise not."""
 
 from __future__ import annotations
@@ -7,14 +8,17 @@ from __future__ import annotations
 import json
 
 from click.testing import CliRunner
+from sqlalchemy import func, select, update
 
 from tracemill.cli import main
 from tracemill.collector.decode import Limits, decode_protobuf
 from tracemill.collector.persist import SpanWriter
-from tracemill.miner.failures import compare_harness, failure_modes, failure_report, two_proportion_test
+from tracemill.miner.failures import FailureCounts, compare_harness, failure_modes, failure_report, two_proportion_test
+from tracemill.store import traces
 from tracemill.store.engine import make_engine
 from tracemill.store.migrate import upgrade
 from tracemill.store.queries import CallFilter
+from tracemill.store.tables import ToolCallRow
 
 from support import chat_attributes, export_request, make_span
 
@@ -27,12 +31,13 @@ BAD_ENUM = {"name": "get_weather", "arguments": {"city": "Oslo", "units": "kelvi
 UNKNOWN_TOOL = {"name": "get_wether", "arguments": {"city": "Rome"}}
 
 
-def _store(db_url: str, plan: dict[str, list[tuple[dict, int]]], model: str = "qwen3"):  # type: ignore[no-untyped-def]
-    """One span per call; `plan`: harness version -> (call, how many)."""
+def _store(db_url: str, plan: dict[str, list[tuple[dict, int]]], model: str = "qwen3",  # type: ignore[no-untyped-def]
+           first: int = 0):
+    """One span per call; `plan`: harness version -> (call, how many); trace and span ids count on from `first`."""
     engine = make_engine(db_url)
     upgrade(engine)
     writer = SpanWriter(engine.dialect)
-    n = 0
+    n = first
     for harness, calls in plan.items():
         spans = []
         for call, times in calls:
@@ -66,6 +71,36 @@ def test_modes_are_ranked_with_shares_trends_and_splits(db_url: str) -> None:
     assert [(m.label, m.count) for m in by_stage] == [("schema · wrong_type", 25), ("tool_name · unknown_tool", 10),
                                                        ("schema · enum", 5)]
     assert [m.label for m in failure_modes(engine, CallFilter(model="llama3.1-8b"), limit=1)] == [top.label]
+
+
+def test_counts_kept_between_reads_read_only_new_calls_and_agree_with_a_fresh_report(db_url: str) -> None:
+    engine = _store(db_url, {"v1": [(GOOD, 20), (WRONG_TYPE, 5)]})
+    counts = FailureCounts().update(engine, window=7, recount=4)
+    assert counts.report().failed_calls == 5
+    _store(db_url, {"v2": [(GOOD, 10), (UNKNOWN_TOOL, 3)]}, first=1000)
+    counts.update(engine, window=7, recount=4)
+    assert counts.report().to_dict() == failure_report(engine).to_dict()
+    assert counts.report(("stage", "kind")).to_dict() == failure_report(engine, by=("stage", "kind")).to_dict()
+    with engine.begin() as conn:  # its execution arrived after the call was counted: it failed when it ran
+        newest = conn.execute(select(func.max(ToolCallRow.id)).where(ToolCallRow.stage.is_(None))).scalar()
+        conn.execute(update(ToolCallRow).where(ToolCallRow.id == newest)
+                     .values(execution_status="error", execution_error="upstream_error: 502"))
+    assert counts.update(engine, recount=4).report().to_dict() == failure_report(engine).to_dict()
+    assert ("execution · upstream_error", 1) in [(m.label, m.count) for m in counts.report(("stage", "kind")).modes]
+    assert counts.report(since_day="2026-06-01").total_calls == 0  # every call was made before that day
+    engine.dispose()
+
+
+def test_filter_values_kept_between_reads_read_only_new_calls(db_url: str) -> None:
+    engine = _store(db_url, {"v1": [(GOOD, 4), (UNKNOWN_TOOL, 2)]})
+    with engine.connect() as conn:
+        kept = traces.facets(conn, window=4)
+    _store(db_url, {"v2": [(GOOD, 3)]}, first=1000)
+    with engine.connect() as conn:
+        kept = traces.facets(conn, known=kept, window=4)
+        assert kept == traces.facets(conn)
+    assert kept.harness_versions == {"v1": 6, "v2": 3} and kept.tools == {"get_weather": 7, "get_wether": 2}
+    engine.dispose()
 
 
 def test_a_harness_version_that_makes_a_mode_rarer_is_significant_and_noise_is_not(db_url: str) -> None:

@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 
 from tracemill.collector.decode import Limits, decode_protobuf
 from tracemill.collector.persist import SpanWriter
-from tracemill.settings import ReviewRule, Settings
+from tracemill.settings import LowConfidenceRule, ReviewRule, Settings
 from tracemill.store.engine import make_engine
 from tracemill.store.migrate import upgrade
 from tracemill.store.tables import ReviewQueueRow, ReviewRow, SignInFailureRow, UserRow
@@ -76,7 +76,7 @@ def test_rules_queue_sensitive_and_guessed_calls_once(db_url: str) -> None:
     assert _queued(engine) == {"Medical Calculator:bmi_bsa_calculator": "medical", "Contracts:review_clause": "legal",
                                "Weather:get_wether": "low_confidence", "Weather:get_weather": "low_confidence"}
     assert queue.scan(engine, _rules()).queued == 0
-    changed = _rules(review_low_confidence_steps=["coerce"])  # new rules read the store again: nothing queued twice
+    changed = _rules(review_low_confidence=[LowConfidenceRule(source="rules", steps=["coerce"])])  # new rules read the store again: nothing queued twice
     assert queue.scan(engine, changed).queued == 0
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(ReviewQueueRow)).scalar() == 4
@@ -153,3 +153,71 @@ def test_passwords_are_hashed_and_failed_sign_ins_are_limited(db_url: str) -> No
         users.add_user(engine, "rita", Role.ADMIN, "another password")
     with pytest.raises(users.UserError, match="at least 8"):
         users.add_user(engine, "short", Role.VIEWER, "abc")
+
+
+def test_a_low_confidence_revision_by_the_sidecar_waits_with_the_sidecars_call(  # type: ignore[no-untyped-def]
+        start_collector, sqlite_url: str) -> None:
+    """The real sidecar, tracing into a real collector: the call the upstream sent, which the sidecar fixed by
+    guessing a near-miss tool name, is queued with the call the agent got as the proposal; what the sidecar served is
+    not queued itself; a rule limited to other reviser versions queues nothing."""
+    import time
+
+    from openai import OpenAI
+    from scripted_model import Reply, ScriptedModel, ServerThread, native
+
+    import tracemill.sdk as tm
+    from tracemill.serving.app import ServeConfig, create_app
+    from tracemill.store.tables import SpanRow, ToolCallRow
+
+    from support import WEATHER_TOOLS
+
+    scripted = ScriptedModel()
+    scripted.replies["near miss"] = Reply(tool_calls=native([{"name": "get_wether", "arguments": '{"city": "Oslo"}'}]))
+    scripted.replies["valid"] = Reply(tool_calls=native([{"name": "get_weather", "arguments": '{"city": "Rome"}'}]))
+    upstream = ServerThread(scripted.app()).start()
+    proxy = ServerThread(create_app(ServeConfig(upstream.url + "/v1", trace=True))).start()
+    collector = start_collector(sqlite_url)
+    tm.init(collector.url, service_name="tracemill-serve", set_global=False)
+    try:
+        client = OpenAI(base_url=proxy.url + "/v1", api_key="k", max_retries=0)
+        for ask in ("near miss", "valid"):
+            client.chat.completions.create(model="scripted-llama", messages=[{"role": "user", "content": ask}],
+                                           tools=WEATHER_TOOLS)
+        time.sleep(0.3)  # spans are recorded after each answer is sent
+        assert tm.flush(10)
+    finally:
+        tm.shutdown()
+        proxy.stop()
+        upstream.stop()
+    engine = make_engine(sqlite_url)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        with engine.connect() as conn:
+            if conn.execute(select(func.count()).select_from(SpanRow)).scalar() >= 3:
+                break
+        time.sleep(0.2)
+    with engine.connect() as conn:
+        sent = conn.execute(select(ToolCallRow.id).where(ToolCallRow.name == "get_wether")).scalar_one()
+        served = conn.execute(select(ToolCallRow.id).where(ToolCallRow.model == "tracemill-reviser:rules")).scalar_one()
+
+    def sidecar_only(**rule: object) -> queue.QueueRules:
+        return queue.QueueRules.from_settings(Settings(review_domains=[], review_rules=[], review_low_confidence=[
+            LowConfidenceRule(source="sidecar", steps=["tool_name"], **rule)]))
+
+    assert queue.scan(engine, sidecar_only(versions=["reviser-*"])).queued == 0
+    assert queue.scan(engine, sidecar_only()).queued == 1
+    [item] = queue.waiting(engine, "rita")
+    assert item.call_id == sent and item.reason == "low_confidence" and queue.served_as(item.detail) == served
+    assert "the sidecar's reviser rules revised it with tool_name" in item.detail
+    subject = decide.subject(engine, sent, queue.served_as(item.detail))
+    assert subject is not None and subject.proposal == {"name": "get_weather", "arguments": {"city": "Oslo"}}
+    stored = decide.decide(engine, RITA, subject, decide.Decision.APPROVE)
+    assert stored.decision == "edit" and stored.after == subject.proposal  # differs from what the upstream sent
+    engine.dispose()
+
+
+def test_a_low_confidence_rule_with_an_unknown_step_is_refused() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="no reviser step 'tool-name'"):
+        LowConfidenceRule(source="sidecar", steps=["tool-name"])

@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
+from tracemill.miner.failures import failure_report
+from tracemill.serving import deployments
 from tracemill.settings import get_settings
 from tracemill.store import learning
 from tracemill.store.engine import make_engine
@@ -124,6 +127,23 @@ def test_filters_select_traces_by_their_calls(app) -> None:  # type: ignore[no-u
     assert "No trace matches these filters." in _texts(at)
 
 
+def test_failure_modes_are_the_miners_clusters(app, store: str) -> None:  # type: ignore[no-untyped-def]
+    engine = make_engine(store)
+    at = app("vic")
+    at.switch_page("pages/failures.py").run()
+    assert not at.exception, at.exception
+    report = failure_report(engine)
+    assert report.modes, "the simulated store holds no failed call"
+    assert list(at.dataframe[-1].value["mode"]) == [m.label for m in report.modes]
+    assert [m.value for m in at.metric][:2] == [f"{report.total_calls:,}", f"{report.failed_calls:,}"]
+    assert {"Over time", "By harness version", "By model", "By tool"} <= {h.value for h in at.subheader}
+    at.selectbox(key="failures_by").select("stage · kind").run()
+    assert not at.exception, at.exception
+    by_stage = failure_report(engine, by=("stage", "kind"))
+    assert list(at.dataframe[-1].value["mode"]) == [m.label for m in by_stage.modes]
+    engine.dispose()
+
+
 def _open_medical_item(at):  # type: ignore[no-untyped-def]
     at.switch_page("pages/review.py").run()
     at.segmented_control(key="review_reason").set_value("medical").run()
@@ -181,12 +201,13 @@ def test_only_admins_deploy_and_roll_back(app, store: str) -> None:  # type: ign
         next(b for b in at.button if b.label == "Deploy").click().run()
         assert not at.error, [e.value for e in at.error]
     next(b for b in at.button if b.label == "Roll back").click().run()
-    with engine.connect() as conn:
-        history = learning.deployments(conn)
-        served = learning.serving_now(conn)["active"]
+    assert not at.error, [e.value for e in at.error]
+    with Session(engine) as session:
+        history = deployments.history(session)
+        state = deployments.served(session)
     assert [(d.action, d.actor) for d in history] == [("rollback", "ada"), ("deploy", "ada"), ("deploy", "ada")]
-    names = {m.id: m.name for m in learning.models(engine.connect())}
-    assert names[served.model_id] == "reviser-0001"
+    assert state.active.name == "reviser-0001"
+    assert [m.value for m in at.metric][:1] == ["reviser-0001"]  # the page shows what the rollback left active
 
     at = app("rita")
     at.switch_page("pages/models.py").run()
@@ -194,6 +215,6 @@ def test_only_admins_deploy_and_roll_back(app, store: str) -> None:  # type: ign
     assert "Only admins deploy and roll back; you are a reviewer." in _texts(at)
     with pytest.raises(NotAllowed, match="only admins"):
         deploy.rollback(engine, Identity("rita", Role.REVIEWER))
-    with engine.connect() as conn:
-        assert len(learning.deployments(conn)) == 3
+    with Session(engine) as session:
+        assert len(deployments.history(session)) == 3
     engine.dispose()

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 
@@ -23,6 +24,31 @@ class ReviewRule(BaseModel):
     servers: list[str] = Field(default_factory=list)
     tools: list[str] = Field(default_factory=list)
     words: list[str] = Field(default_factory=list)
+
+
+GUESSING_STEPS = ["tool_name", "param_name", "default", "drop_unknown", "model"]
+
+
+class LowConfidenceRule(BaseModel):
+    """Revisions this rule sends to human review as `low_confidence`: those that took any of `steps` (the reviser's
+    step kinds, `tracemill.revision.StepKind`). `source` says whose revisions: `sidecar`, what `tracemill serve`
+    revised and served (read from its traced `revise` spans; the call the upstream sent is queued, with the sidecar's
+    call as the proposal), of a reviser version matching one of `versions` (shell patterns; `rules` is the rules
+    reviser alone); or `rules`, a stored failed call that the deterministic reviser would fix only so."""
+
+    source: Literal["sidecar", "rules"]
+    steps: list[str] = Field(default_factory=lambda: list(GUESSING_STEPS))
+    versions: list[str] = Field(default_factory=lambda: ["*"])
+
+    @field_validator("steps")
+    @classmethod
+    def _known_steps(cls, steps: list[str]) -> list[str]:
+        from tracemill.revision import StepKind
+
+        known = {k.value for k in StepKind}
+        if unknown := [s for s in steps if s not in known]:
+            raise ValueError(f"no reviser step {', '.join(map(repr, unknown))}; steps: {', '.join(sorted(known))}")
+        return steps
 
 
 def _default_review_rules() -> list[ReviewRule]:
@@ -57,9 +83,9 @@ class Settings(BaseSettings):
     review_domains: list[str] = Field(default_factory=lambda: ["medical", "legal"],
                                       description="domains whose calls wait for review and are masked for viewers")
     review_rules: list[ReviewRule] = Field(default_factory=_default_review_rules)
-    review_low_confidence_steps: list[str] = Field(
-        default_factory=lambda: ["tool_name", "param_name", "default", "drop_unknown", "model"],
-        description="a revision that took one of these steps waits for review")
+    review_low_confidence: list[LowConfidenceRule] = Field(
+        default_factory=lambda: [LowConfidenceRule(source="rules"), LowConfidenceRule(source="sidecar")],
+        description="revisions that wait for review: by the sidecar, or by the rules on a stored failed call")
     review_reservation_seconds: int = Field(default=600, ge=30, description="how long an opened item stays reserved")
     sign_in_attempts: int = Field(default=5, ge=1, description="failed sign-ins for one name before a pause")
     sign_in_window_seconds: int = Field(default=900, ge=1, description="the pause, and the window failures count in")

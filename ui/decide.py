@@ -49,7 +49,8 @@ class Subject:
     call: queries.StoredCall
     tools: dict[str, Tool] | None  # None: the span did not say which tools were offered
     emitted: ToolCall | None  # the call as the model emitted it, when it could be read
-    proposal: dict[str, Any]  # {"name", "arguments"}: the emitted call when valid, else the reviser's, else as read
+    proposal: dict[str, Any]  # {"name", "arguments"}: the emitted call when valid, else the sidecar's or the
+    # deterministic reviser's, else as read
 
     @property
     def tool(self) -> Tool | None:
@@ -59,19 +60,28 @@ class Subject:
         return self.emitted.to_dict() if self.emitted is not None else {"raw": self.call.raw}
 
 
-def subject(engine: Engine, call_id: int) -> Subject | None:
+def _as_emitted(call: queries.StoredCall) -> ToolCall | None:
+    parsed = parse_call({"name": call.name, "arguments": call.arguments}) if call.parsed else None
+    return parsed if isinstance(parsed, ToolCall) else None
+
+
+def subject(engine: Engine, call_id: int, served_as: int | None = None) -> Subject | None:
+    """What a reviewer sees of `call_id`. `served_as`: the call the sidecar served in its place, proposed when it
+    passes the verifier against the tools `call_id` was offered."""
     with engine.connect() as conn:
         call = queries.call(conn, call_id)
         if call is None:
             return None
         found = queries.toolsets(conn, [call.toolset_id] if call.toolset_id is not None else [])
+        served = queries.call(conn, served_as) if served_as is not None else None
     tools = {t.name: t for t in found[call.toolset_id]} if call.toolset_id in found else None
-    parsed = parse_call({"name": call.name, "arguments": call.arguments}) if call.parsed else None
-    emitted = parsed if isinstance(parsed, ToolCall) else None
+    emitted = _as_emitted(call)
     proposal = emitted.to_dict() if emitted is not None else {"name": call.name or "", "arguments": {}}
     if tools is not None and call.stage is not None:
-        revision = revise(call.raw, tools)
-        if revision.ok and len(revision.calls) == 1:
+        sidecar = _as_emitted(served) if served is not None else None
+        if sidecar is not None and verify(sidecar, tools).ok:
+            proposal = sidecar.to_dict()
+        elif (revision := revise(call.raw, tools)).ok and len(revision.calls) == 1:
             proposal = revision.calls[0].to_dict()
     return Subject(call, tools, emitted, proposal)
 

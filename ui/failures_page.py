@@ -1,22 +1,40 @@
-"""Failure modes: failed calls over time, by stage, tool, model and harness version — whether the last prompt or
+"""Failure modes: the miner's clusters (`tracemill.miner.failures`, what `tracemill failures` prints) as charts over
+time, by tool, model and harness version, and two harness versions side by side: whether the last prompt or
 tool-description change helped."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from datetime import timedelta
+from typing import Any
 
 import streamlit as st
 
-from tracemill.store import queries, traces
-from tracemill.ui.shell import Context, context
+from tracemill.miner.failures import GROUP_FIELDS, NONE, FailureCounts, FailureReport, harness_changes
+from tracemill.rates import percent
+from tracemill.store.tables import utcnow
+from tracemill.ui.shell import Context, context, kept
+
+SHOWN = 8  # modes drawn in the charts (the table lists every one)
+CLUSTERS = {"tool · stage · kind · pointer": GROUP_FIELDS, "tool · stage · kind": ("tool", "stage", "kind"),
+            "stage · kind": ("stage", "kind")}
+PERIODS = {"all time": None, "last 30 days": 30, "last 7 days": 7, "last day": 1}
 
 
-@st.cache_data(ttl=120, show_spinner=False)
-def _counts(store_key: str, _ctx: Context) -> tuple[list[queries.FailureCount], dict[str, int], dict[str, int]]:
-    with _ctx.engine.connect() as conn:
-        found = queries.failure_counts(conn)
-        facets = traces.facets(conn)
-    return found, facets.models, facets.harness_versions
+def _report(ctx: Context, fields: tuple[str, ...], days: int | None) -> FailureReport:
+    since = (utcnow() - timedelta(days=days)).date().isoformat() if days is not None else None
+    held = kept(ctx.store_key, "failure counts")
+    with held.lock, st.spinner("Counting new calls…"):
+        held.value = counts = (held.value or FailureCounts()).update(ctx.engine)
+        return counts.report(fields, since_day=since)
+
+
+def _rates(report: FailureReport, split: str, totals: dict[str, int]) -> Any:
+    """The top modes' failure rates per value of `split` (`by_day`, `by_model`, `by_harness`): one column a mode."""
+    import pandas as pd
+
+    rows = {m.label: {k: getattr(m, split).get(k, 0) / n for k, n in totals.items() if n}
+            for m in report.modes[:SHOWN]}
+    return pd.DataFrame(rows).fillna(0.0)
 
 
 def render() -> None:
@@ -24,40 +42,72 @@ def render() -> None:
 
     ctx = context()
     st.title("Failure modes")
-    found, calls_by_model, calls_by_harness = _counts(ctx.store_key, ctx)
-    if not found:
-        st.info("No failed tool call is stored yet." if calls_by_model else "Nothing here yet: no tool call is "
-                "stored. Point an agent at the collector, or run `tracemill simulate`.")
+    left, right = st.columns(2)
+    cluster = left.selectbox("Cluster by", list(CLUSTERS), key="failures_by")
+    period = right.selectbox("Calls made", list(PERIODS), key="failures_period")
+    report = _report(ctx, CLUSTERS[cluster], PERIODS[period])
+    if not report.total_calls:
+        st.info("Nothing here yet: no tool call is stored" + ("" if PERIODS[period] is None else " for this period")
+                + ". Point an agent at the collector, or run `tracemill simulate`.")
         return
-    data = pd.DataFrame([asdict(c) for c in found])
-    total = sum(calls_by_model.values())
-    failed = int(data["calls"].sum())
     cols = st.columns(4)
-    cols[0].metric("Calls", f"{total:,}")
-    cols[1].metric("Failed", f"{failed:,}", help=f"{failed / total:.1%} of calls" if total else None)
-    cols[2].metric("Tools failing", f"{data['tool'].nunique():,}")
-    cols[3].metric("Days", f"{data['day'].nunique():,}")
-    st.subheader("Over time, by stage")
-    st.bar_chart(data.pivot_table(index="day", columns="stage", values="calls", aggfunc="sum").fillna(0),
-                 height=260)
+    cols[0].metric("Calls", f"{report.total_calls:,}")
+    cols[1].metric("Failed", f"{report.failed_calls:,}", help=f"{percent(report.failed_calls / report.total_calls)}"
+                   " of calls")
+    cols[2].metric("Failure modes", f"{len(report.modes):,}")
+    cols[3].metric("Days", f"{len(report.calls_by_day):,}")
+    if not report.modes:
+        st.success("No stored call failed.")
+        return
+    st.caption(f"Rates are of every call made (on that day, by that model, under that harness version); the charts "
+               f"show the {min(SHOWN, len(report.modes))} most frequent modes.")
+    st.subheader("Over time")
+    by_day = _rates(report, "by_day", report.calls_by_day)
+    if len(by_day) > 2:
+        st.line_chart(by_day, height=280, y_label="failure rate")
+    else:  # a line needs more days than this
+        st.bar_chart(by_day, height=280, y_label="failure rate", stack=False)
+    st.subheader("By harness version")
+    st.bar_chart(_rates(report, "by_harness", report.calls_by_harness), height=280, y_label="failure rate",
+                 stack=False)
+    _compare(report)
     left, right = st.columns(2)
     with left:
-        st.subheader("By harness version")
-        by = data.groupby("harness_version", dropna=False)["calls"].sum()
-        st.dataframe([{"harness version": h if isinstance(h, str) else "(none)", "failed": int(n),
-                       "calls": calls_by_harness.get(h, 0),
-                       "failure rate": n / calls_by_harness[h] if calls_by_harness.get(h) else None}
-                      for h, n in by.items()], hide_index=True, width="stretch",
-                     column_config={"failure rate": st.column_config.ProgressColumn(format="percent", max_value=1)})
-    with right:
         st.subheader("By model")
-        by = data.groupby("model", dropna=False)["calls"].sum()
-        st.dataframe([{"model": m if isinstance(m, str) else "(none)", "failed": int(n),
-                       "calls": calls_by_model.get(m, 0),
-                       "failure rate": n / calls_by_model[m] if calls_by_model.get(m) else None}
-                      for m, n in by.items()], hide_index=True, width="stretch",
-                     column_config={"failure rate": st.column_config.ProgressColumn(format="percent", max_value=1)})
-    st.subheader("Tools that fail most")
-    tools = (data.groupby(["tool", "stage"], dropna=False)["calls"].sum().reset_index()
-             .sort_values("calls", ascending=False).head(20))
-    st.dataframe(tools, hide_index=True, width="stretch")
+        st.bar_chart(_rates(report, "by_model", report.calls_by_model), height=280, y_label="failure rate",
+                     stack=False)
+    with right:
+        st.subheader("By tool")
+        if "tool" in report.fields:
+            tools = pd.DataFrame([{"tool": m.tool or NONE, "stage": m.stage, "failed": m.count} for m in report.modes])
+            top = tools.groupby("tool")["failed"].sum().nlargest(12).index
+            st.bar_chart(tools[tools["tool"].isin(top)], x="tool", y="failed", color="stage", height=280,
+                         horizontal=True, sort="-failed")
+        else:
+            st.caption("Cluster by tool to see which tools fail.")
+    st.subheader("Every mode")
+    st.dataframe([{"mode": m.label, "failed": m.count, "share of calls": m.share,
+                   "models": ", ".join(m.by_model), "harness versions": ", ".join(m.by_harness)}
+                  for m in report.modes], hide_index=True, width="stretch",
+                 column_config={"share of calls": st.column_config.NumberColumn(format="percent")})
+
+
+def _compare(report: FailureReport) -> None:
+    versions = [v for v in sorted(report.calls_by_harness) if v != NONE]
+    if len(versions) < 2:
+        st.caption("One harness version so far: a second one is compared with it here.")
+        return
+    left, right = st.columns(2)
+    a = left.selectbox("Compare harness version", versions, index=len(versions) - 2, key="failures_a")
+    b = right.selectbox("with", versions, index=len(versions) - 1, key="failures_b")
+    if a == b:
+        return
+    rows = harness_changes(report, a, b)
+    changed = [r for r in rows if r.significant]
+    st.markdown(f"**{a} → {b}**: {len(changed)} of {len(rows)} modes changed significantly "
+                f"(two-proportion z-test, Bonferroni over the modes).")
+    st.dataframe([{"mode": r.label, f"{a} rate": r.rate_a, f"{b} rate": r.rate_b, "p-value": r.p_value,
+                   "change": r.change} for r in rows], hide_index=True, width="stretch",
+                 column_config={f"{a} rate": st.column_config.NumberColumn(format="percent"),
+                                f"{b} rate": st.column_config.NumberColumn(format="percent"),
+                                "p-value": st.column_config.NumberColumn(format="%.2g")})

@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import streamlit as st
+from sqlalchemy.orm import Session
 
+from tracemill.serving import deployments
 from tracemill.store import learning
 from tracemill.ui import deploy
 from tracemill.ui.access import NotAllowed
@@ -39,43 +41,43 @@ def _curves(model: learning.Model) -> dict[str, list[float]]:
             if isinstance(v, list) and v and all(isinstance(x, (int, float)) for x in v)}
 
 
-def _serving(ctx: Context, models: dict[int, learning.Model]) -> None:
-    with ctx.engine.connect() as conn:
-        now = learning.serving_now(conn)
-        history = learning.deployments(conn)
+def _state(ctx: Context) -> tuple[deployments.Served, list[deployments.HistoryRow]]:
+    with Session(ctx.engine) as session:
+        return deployments.served(session), deployments.history(session, limit=200)
+
+
+def _serving(state: deployments.Served, history: list[deployments.HistoryRow]) -> None:
     cols = st.columns(2)
-    for col, role in zip(cols, ("active", "canary"), strict=True):
-        d = now.get(role)
-        shown = "not served" if d is None else (models[d.model_id].name if d.model_id in models else "rules only")
-        col.metric(f"{role.capitalize()}" + (f" ({d.canary_percent:g} %)" if d and d.canary_percent else ""), shown,
-                   help=f"since {d.created_at:%Y-%m-%d %H:%M} UTC, by {d.actor}" if d else None)
+    cols[0].metric("Active", state.active.name)
+    cols[1].metric("Canary" + (f" ({state.canary_percent:g} %)" if state.canary_percent else ""),
+                   state.canary.name if state.canary else "not served")
     if history:
         with st.expander("Deployment history", expanded=False):
-            st.dataframe([{"when (UTC)": d.created_at.strftime("%Y-%m-%d %H:%M"), "action": d.action,
-                           "role": d.role, "model": models[d.model_id].name if d.model_id in models else "rules",
-                           "canary %": d.canary_percent, "by": d.actor} for d in history],
+            st.dataframe([{"when (UTC)": h.created_at.replace("T", " "), "action": h.action, "role": h.role,
+                           "version": h.version, "canary %": h.canary_percent, "by": h.actor,
+                           "note": h.justification.get("note")} for h in history],
                          hide_index=True, width="stretch")
 
 
-def _actions(ctx: Context, found: list[learning.Model]) -> None:
+def _actions(ctx: Context, found: list[learning.Model], state: deployments.Served) -> None:
     st.subheader("Deploy")
     if not ctx.who.can_deploy:
         st.caption(f"Only admins deploy and roll back; you are a {ctx.who.role.value}.")
-    choice = st.selectbox("Version", [None, *found], key="deploy_model",
-                          format_func=lambda m: "rules reviser only" if m is None else m.name)
+    choice = st.selectbox("Version", [deployments.RULES, *(m.name for m in found)], key="deploy_model",
+                          format_func=lambda name: "rules reviser only" if name == deployments.RULES else name)
     canary = st.slider("Canary share of traffic (0: deploy to all)", 0, 50, 0, key="deploy_canary")
-    cols = st.columns(3)
+    note = st.text_input("Note (why)", key="deploy_note")
+    undo = "End canary" if state.canary is not None else "Roll back"
+    cols = st.columns(2)
     try:
         if cols[0].button("Deploy" if not canary else f"Start canary at {canary} %", type="primary",
                           disabled=not ctx.who.can_deploy, key="deploy"):
-            done = deploy.deploy(ctx.engine, ctx.who, choice, float(canary) if canary else None)
-            st.success(f"{done.action}: {'rules' if choice is None else choice.name} ({done.role})")
-        if cols[1].button("Roll back", disabled=not ctx.who.can_deploy, key="rollback"):
-            done = deploy.rollback(ctx.engine, ctx.who)
-            st.success(f"Rolled back (deployment #{done.id})")
-        if cols[2].button("End canary", disabled=not ctx.who.can_deploy, key="end_canary"):
-            deploy.end_canary(ctx.engine, ctx.who)
-            st.success("Canary ended")
+            rows = deploy.deploy(ctx.engine, ctx.who, choice, float(canary) if canary else None, note or None)
+            st.success(f"Deployment #{rows[-1].id}: {choice} {'canary' if canary else 'active'}")
+        if cols[1].button(undo, disabled=not ctx.who.can_deploy or not (state.canary or state.can_roll_back),
+                          key="rollback", help="ends a running canary; else serves the version active before"):
+            row = deploy.rollback(ctx.engine, ctx.who, note or None)
+            st.success(f"{undo}: deployment #{row.id}")
     except (NotAllowed, deploy.DeployError) as refused:
         st.error(f"Refused: {refused}")
 
@@ -85,8 +87,7 @@ def render() -> None:
     st.title("Models and deployments")
     with ctx.engine.connect() as conn:
         found = learning.models(conn)
-    by_id = {m.id: m for m in found}
-    _serving(ctx, by_id)
+    serving = st.container()  # drawn after the actions below, so that it shows what they changed
     if not found:
         st.info("No trained reviser yet: `tracemill train` registers each version here with its eval figures. "
                 "Until then the sidecar serves the rules reviser.")
@@ -104,4 +105,6 @@ def render() -> None:
         if series:
             picked = st.selectbox("Training curve", series, key="curve")
             st.line_chart({name: c[picked] for name, c in curves.items() if picked in c}, height=260)
-    _actions(ctx, found)
+    _actions(ctx, found, _state(ctx)[0])
+    with serving:
+        _serving(*_state(ctx))

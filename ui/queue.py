@@ -2,8 +2,11 @@
 batches; reservations so that two reviewers do not work on one call; and each reviewer's progress.
 
 A call is queued when its domain is one of the review domains, when a rule matches its tool (server, name or
-description), or when the deterministic reviser could fix it only by a step that guesses (a near-miss tool or
-parameter name, a default, a dropped parameter). A call is queued once (`review_queue.call_id` is unique)."""
+description), or when a revision of it took a step that guesses (a near-miss tool or parameter name, a default, a
+dropped parameter, a model's rewrite; `Settings.review_low_confidence`): the sidecar's revision of it, read from the
+sidecar's traced `revise` span, or the deterministic reviser's of a stored failed call. What the sidecar served is not
+queued itself: the call the upstream sent is, with the sidecar's call as the proposal (so that a decision on it is a
+`gold` reference for a broken call). A call is queued once (`review_queue.call_id` is unique)."""
 
 from __future__ import annotations
 
@@ -21,7 +24,8 @@ from sqlalchemy import Connection, Engine, and_, delete, func, insert, or_, sele
 from sqlalchemy.exc import IntegrityError
 
 from tracemill.repair import revise
-from tracemill.settings import ReviewRule, Settings
+from tracemill.serving.tracing import REVISER_MODEL, REVISION_OF, STEPS, VERSION
+from tracemill.settings import LowConfidenceRule, ReviewRule, Settings
 from tracemill.store import queries
 from tracemill.store.engine import insert_ignoring_duplicates
 from tracemill.store.tables import ReviewClaimRow, ReviewQueueRow, ReviewRow, ReviewScanRow, ToolCallRow, utcnow
@@ -34,18 +38,28 @@ LOW_CONFIDENCE = "low_confidence"
 class QueueRules:
     domains: tuple[str, ...]
     rules: tuple[ReviewRule, ...]
-    guessing_steps: frozenset[str]
+    low_confidence: tuple[LowConfidenceRule, ...]
 
     @classmethod
     def from_settings(cls, settings: Settings) -> QueueRules:
         return cls(tuple(settings.review_domains), tuple(settings.review_rules),
-                   frozenset(settings.review_low_confidence_steps))
+                   tuple(settings.review_low_confidence))
 
     @cached_property
     def digest(self) -> str:
         body = {"domains": self.domains, "rules": [r.model_dump() for r in self.rules],
-                "steps": sorted(self.guessing_steps)}
+                "low_confidence": [r.model_dump() for r in self.low_confidence]}
         return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+    @cached_property
+    def guessing_steps(self) -> frozenset[str]:
+        """The steps that queue a stored failed call the deterministic reviser would fix."""
+        return frozenset(s for r in self.low_confidence if r.source == "rules" for s in r.steps)
+
+    def sidecar_guesses(self, version: str, steps: Sequence[str]) -> list[str]:
+        """The steps of a sidecar revision by reviser `version` that a rule counts as guesses."""
+        return sorted({s for r in self.low_confidence if r.source == "sidecar"
+                       and any(fnmatch.fnmatchcase(version, v) for v in r.versions) for s in r.steps} & set(steps))
 
     @cached_property
     def _words(self) -> tuple[re.Pattern[str] | None, ...]:
@@ -67,7 +81,10 @@ class QueueRules:
         return None
 
     def reason(self, call: queries.StoredCall, index: dict[str, Tool] | None) -> tuple[str, str] | None:
-        """Why `call` waits for review (reason, detail), or None."""
+        """Why `call` waits for review (reason, detail), or None. What the sidecar served waits for nobody: the
+        call it revised does (`sidecar_items`)."""
+        if (call.model or "").startswith(REVISER_MODEL):
+            return None
         if call.domain in self.domains:
             return call.domain, f"domain {call.domain}"
         matched = self.rule_for(call.name, index.get(call.name) if index and call.name else None)
@@ -108,11 +125,16 @@ def scan(engine: Engine, rules: QueueRules, budget_s: float = 0.5, batch: int = 
             indexes.update({i: {t.name: t for t in tools} for i, tools in queries.toolsets(conn, wanted).items()})
         if not page:
             break
-        rows = []
+        found: dict[int, tuple[str, str]] = {}
         for call in page:
-            found = rules.reason(call, indexes.get(call.toolset_id) if call.toolset_id is not None else None)
-            if found is not None:
-                rows.append({"call_id": call.id, "reason": found[0], "detail": found[1], "queued_at": utcnow()})
+            reason = rules.reason(call, indexes.get(call.toolset_id) if call.toolset_id is not None else None)
+            if reason is not None:
+                found[call.id] = reason
+        served = [c for c in page if (c.model or "").startswith(REVISER_MODEL)]
+        if served:
+            with engine.connect() as conn:
+                found.update(sidecar_items(conn, served, rules))  # the sidecar's own proposal beats the rules'
+        rows = [{"call_id": i, "reason": r, "detail": d, "queued_at": utcnow()} for i, (r, d) in found.items()]
         last = page[-1].id
         with engine.begin() as conn:
             if rows:
@@ -123,6 +145,45 @@ def scan(engine: Engine, rules: QueueRules, budget_s: float = 0.5, batch: int = 
                 queued += len(set(ids) - known)
             _advance(conn, rules.digest, last)
     return ScanProgress(last, newest, queued)
+
+
+_SERVED_AS = re.compile(r"served as call #(\d+)")
+
+
+def sidecar_items(conn: Connection, served: Sequence[queries.StoredCall], rules: QueueRules
+                  ) -> dict[int, tuple[str, str]]:
+    """{call id: (reason, detail)} for the calls the upstream sent that the sidecar revised with a step a
+    low-confidence rule counts as a guess. `served` are calls of the sidecar's `revise` spans; each span names the
+    span it revised (`tracemill.serving.revision_of`, and a link that holds its trace)."""
+    by_span: dict[tuple[str, str], list[queries.StoredCall]] = {}
+    for c in served:
+        by_span.setdefault((c.trace_id, c.span_id), []).append(c)
+    found: dict[int, tuple[str, str]] = {}
+    for (trace_id, span_id), calls in by_span.items():
+        span = queries.span(conn, trace_id, span_id, resolved=False)
+        if span is None:
+            continue
+        version = str(span.attributes.get(VERSION) or (calls[0].model or "").removeprefix(REVISER_MODEL))
+        steps = span.attributes.get(STEPS)
+        guessed = rules.sidecar_guesses(version, [str(s) for s in steps] if isinstance(steps, list) else [])
+        of = span.attributes.get(REVISION_OF)
+        link = next((k for k in span.links if isinstance(k, dict) and k.get("span_id") == of), None)
+        if not guessed or link is None:
+            continue
+        by_index = {c.call_index: c for c in calls}
+        sent_trace = str(link.get("trace_id"))
+        for sent in queries.trace_calls(conn, [sent_trace])[sent_trace]:
+            if sent.span_id == of and sent.failed:
+                proposal = by_index.get(sent.call_index, calls[0])
+                detail = f"the sidecar's reviser {version} revised it with {', '.join(guessed)}"
+                found[sent.id] = (LOW_CONFIDENCE, f"{detail}; served as call #{proposal.id}")
+    return found
+
+
+def served_as(detail: str) -> int | None:
+    """The sidecar's call a queued call was served as (from the detail `sidecar_items` wrote), else None."""
+    found = _SERVED_AS.search(detail)
+    return int(found.group(1)) if found else None
 
 
 def _advance(conn: Connection, digest: str, last: int) -> None:

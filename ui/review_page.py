@@ -14,7 +14,7 @@ from tracemill.reviser_prompt import conversation
 from tracemill.store import learning, queries
 from tracemill.ui import decide, draw, masking
 from tracemill.ui.access import NotAllowed
-from tracemill.ui.queue import claim, progress, queue_item, release, scan, waiting
+from tracemill.ui.queue import claim, progress, queue_item, release, scan, served_as, waiting
 from tracemill.ui.shell import PAGES, Context, context
 
 CURRENT = "review.current"
@@ -92,8 +92,8 @@ def render() -> None:
     if call_id is None:
         st.success("Nothing waits for review here." if reason in (None, ALL) else "Nothing of this kind waits.")
         return
-    item = decide.subject(ctx.engine, call_id)
     queued = queue_item(ctx.engine, call_id)
+    item = decide.subject(ctx.engine, call_id, served_as(queued.detail) if queued else None)
     if item is None or queued is None:
         st.error(f"Call {call_id} is not in the store.")
         return

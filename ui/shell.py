@@ -4,9 +4,11 @@ and the look."""
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import streamlit as st
 from sqlalchemy import Engine
@@ -34,6 +36,20 @@ class Context:
     def store_key(self) -> str:
         """What cached reads are keyed on: the store."""
         return self.engine.url.render_as_string(hide_password=False)
+
+
+@dataclass
+class Kept:
+    """A value a UI process keeps per store and brings up to date on each visit (counts that read only new calls),
+    one session at a time."""
+
+    value: Any = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@st.cache_resource(show_spinner=False)
+def kept(store_key: str, name: str) -> Kept:
+    return Kept()
 
 
 @st.cache_resource(show_spinner=False)

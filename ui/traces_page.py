@@ -10,7 +10,7 @@ from tracemill.store import queries, traces
 from tracemill.store.queries import CallFilter
 from tracemill.store.tables import utcnow
 from tracemill.store.traces import TraceFilter
-from tracemill.ui.shell import Context, context
+from tracemill.ui.shell import Context, context, kept
 from tracemill.ui.trace_view import show_trace
 
 ANY = "any"
@@ -19,10 +19,11 @@ RANGES = {"last hour": timedelta(hours=1), "last 24 hours": timedelta(days=1), "
 PAGE = 50
 
 
-@st.cache_data(ttl=300, show_spinner=False)
-def _facets(store_key: str, _ctx: Context) -> traces.Facets:
-    with _ctx.engine.connect() as conn:
-        return traces.facets(conn)
+def _facets(ctx: Context) -> traces.Facets:
+    held = kept(ctx.store_key, "facets")
+    with held.lock, ctx.engine.connect() as conn:
+        held.value = traces.facets(conn, known=held.value)
+        return held.value
 
 
 def _choice(label: str, values: list[str], key: str) -> str | None:
@@ -31,7 +32,7 @@ def _choice(label: str, values: list[str], key: str) -> str | None:
 
 
 def _filters(ctx: Context) -> TraceFilter:
-    found = _facets(ctx.store_key, ctx)
+    found = _facets(ctx)
     top = st.columns([1.1, 1, 1, 1, 1.4])
     with top[0]:
         span = st.selectbox("Received", list(RANGES), index=len(RANGES) - 1, key="f_range")

@@ -1,5 +1,6 @@
 """Take the README's screenshots of every page with headless Chromium, on a store that the collector filled from
-`tracemill simulate` (two harness versions of a weak open model). Run from the repository root:
+`tracemill simulate`: 100 episodes a day for six days, the first three under harness prompt-v1, the last three under
+prompt-v2. Run from the repository root:
 
     .venv/bin/python docs/ui/screenshots.py      # writes docs/ui/*.png
 """
@@ -25,6 +26,8 @@ from tracemill.ui.access import Role  # noqa: E402
 
 OUT = Path(__file__).resolve().parent
 PASSWORD = "screenshots only"
+DAYS = 6
+DAY_NS = 86_400 * 1_000_000_000
 
 
 def _settle(driver, seconds: float = 3.0) -> None:  # type: ignore[no-untyped-def]
@@ -53,8 +56,13 @@ def main() -> None:
     url = f"sqlite:///{work / 'tracemill.db'}"
     collector = CollectorProcess(url, work).start()
     try:
-        simulate(collector.url, traces=300, seed=0, harness_version="prompt-v1")
-        simulate(collector.url, traces=300, seed=1, profile="qwen3", harness_version="prompt-v2")
+        for day in range(DAYS):  # the first half of the days under prompt-v1, then prompt-v2
+            start = time.time_ns() - (DAYS - day) * DAY_NS
+            if day < DAYS // 2:
+                simulate(collector.url, traces=100, seed=day, harness_version="prompt-v1", start_ns=start)
+            else:
+                simulate(collector.url, traces=100, seed=day, profile="qwen3", harness_version="prompt-v2",
+                         start_ns=start)
     finally:
         collector.stop()
     engine = make_engine(url)

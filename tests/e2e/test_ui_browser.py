@@ -1,11 +1,14 @@
 """The UI in a real browser (headless Chromium and chromedriver from Debian's packages, through Selenium), on a store
 filled by the collector from `tracemill simulate`: a reviewer signs in, opens a trace, edits a medical call in the
-review queue and approves it, and the store holds the decision; a viewer's attempt to decide is refused."""
+review queue and approves it; the store holds the decision and `tracemill mine` exports that call with the edit as its
+`gold` reference; a viewer's attempt to decide is refused."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tracemill.store import learning
+from tracemill.store import learning, queries
 from tracemill.store.engine import make_engine
 from tracemill.ui import users
 from tracemill.ui.access import Role
@@ -43,7 +46,7 @@ def ui(tmp_path: Path) -> Iterator[tuple[UIProcess, str]]:
     url = f"sqlite:///{tmp_path / 'tracemill.db'}"
     collector = CollectorProcess(url, tmp_path).start()
     try:
-        simulate(collector.url, traces=40, seed=3)
+        simulate(collector.url, traces=40, seed=2)  # a store with failed medical calls to correct
     finally:
         collector.stop()
     engine = make_engine(url)
@@ -100,10 +103,28 @@ def choose(driver: WebDriver, label: str, option_text: str) -> None:
     option.click()
 
 
+def idle(driver: WebDriver) -> None:
+    """Wait until the app has finished running its script (the status widget shows while it runs)."""
+    time.sleep(0.5)
+    wait_for(lambda: not driver.find_elements(By.CSS_SELECTOR, "[data-testid='stStatusWidget']"))
+
+
 def medical_item(driver: WebDriver) -> WebElement:
     open_page(driver, "Review queue")
     button(driver, "medical").click()
-    return wait_for(lambda: driver.find_element(By.CSS_SELECTOR, "textarea[aria-label='Call']"))
+    wait_for(lambda: driver.find_element(By.CSS_SELECTOR, "textarea[aria-label='Call']"))
+    idle(driver)
+    return driver.find_element(By.CSS_SELECTOR, "textarea[aria-label='Call']")
+
+
+def shown_item(driver: WebDriver) -> tuple[int, dict[str, Any]] | None:
+    """(call id, the call in the editor) of the item the review page shows, once its editor is drawn."""
+    boxes = driver.find_elements(By.CSS_SELECTOR, "[class*='st-key-edit_']")
+    if not boxes:
+        return None
+    key = next(c for c in boxes[0].get_attribute("class").split() if c.startswith("st-key-edit_"))
+    return int(key.removeprefix("st-key-edit_")), json.loads(boxes[0].find_element(By.TAG_NAME, "textarea")
+                                                             .get_attribute("value"))
 
 
 def test_a_reviewer_edits_and_approves_a_medical_call_and_a_viewer_is_refused(  # type: ignore[no-untyped-def]
@@ -116,17 +137,21 @@ def test_a_reviewer_edits_and_approves_a_medical_call_and_a_viewer_is_refused(  
         choose(driver, "Open trace", "invoke_agent")
         wait_for(lambda: "Trace " in text_of(driver) and "Raw output" in text_of(driver))
 
-        editor = medical_item(driver)
-        for _ in range(20):  # skip to a medical call with a number to correct
-            call_id = int(wait_for(lambda: next((w for w in text_of(driver).split() if w.startswith("#")), None))[1:])
-            call = json.loads(editor.get_attribute("value"))
+        medical_item(driver)
+        for _ in range(30):  # skip to a failed medical call with a number to correct: the miner's gold is for those
+            idle(driver)
+            call_id, call = wait_for(lambda: shown_item(driver))
             number = next((k for k, v in call["arguments"].items() if type(v) in (int, float)), None)
-            if number is not None:
+            with engine.connect() as conn:
+                stored = queries.call(conn, call_id)
+            if number is not None and stored is not None and stored.failed:
                 break
+            number = None
             button(driver, "Skip").click()
-            wait_for(lambda: f"#{call_id} " not in text_of(driver))  # noqa: B023
-            editor = wait_for(lambda: driver.find_element(By.CSS_SELECTOR, "textarea[aria-label='Call']"))
-        assert number is not None, "no medical call with a number to edit"
+            wait_for(lambda: (shown_item(driver) or (call_id,))[0] != call_id)  # noqa: B023
+        idle(driver)
+        editor = driver.find_element(By.CSS_SELECTOR, f".st-key-edit_{call_id} textarea")
+        assert number is not None, "no failed medical call with a number to edit"
         call["arguments"][number] += 1  # the reviewer's correction, typed in below
         editor.send_keys(Keys.CONTROL, "a")
         editor.send_keys(Keys.DELETE)
@@ -145,6 +170,15 @@ def test_a_reviewer_edits_and_approves_a_medical_call_and_a_viewer_is_refused(  
     finally:
         driver.quit()
 
+    mined = subprocess.run([sys.executable, "-m", "tracemill.cli", "mine", "--db", url, "--out",
+                            str(tmp_path / "mined"), "--workers", "1"], capture_output=True, text=True, timeout=300,
+                           check=False)
+    assert mined.returncode == 0, mined.stderr
+    rows = [json.loads(line) for split in ("train", "eval")
+            for line in (tmp_path / "mined" / f"{split}.jsonl").read_text().splitlines()]
+    row = next(r for r in rows if r["call_id"] == call_id)
+    assert row["provenance"] == "gold" and json.loads(row["reference"]) == [call]
+
     driver = chromium(tmp_path / "profile-vic")
     try:
         sign_in(driver, process.url, "vic")
@@ -153,7 +187,7 @@ def test_a_reviewer_edits_and_approves_a_medical_call_and_a_viewer_is_refused(  
         with engine.connect() as conn:
             before = len(learning.reviews(conn))
         button(driver, "Approve").click()
-        wait_for(lambda: "Refused" in text_of(driver) and "only reviewers and admins decide" in text_of(driver))
+        wait_for(lambda: "Refused" in text_of(driver) and "only reviewers and admins decide" in text_of(driver), 60)
         with engine.connect() as conn:
             assert len(learning.reviews(conn)) == before
     finally:

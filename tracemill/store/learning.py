@@ -115,11 +115,3 @@ def deployments(conn: Connection, limit: int = 200) -> list[Deployment]:
     """Changes of what is served, newest first (the newest per role is what is served now)."""
     rows = conn.execute(select(*_columns(Deployment, DeploymentRow)).order_by(DeploymentRow.id.desc()).limit(limit))
     return [Deployment(*row) for row in rows]
-
-
-def serving_now(conn: Connection) -> dict[str, Deployment]:
-    """{role: its newest deployment}; a role whose newest row ends it (`end_canary`) is not served."""
-    found: dict[str, Deployment] = {}
-    for row in reversed(deployments(conn, limit=10_000)):
-        found[row.role] = row
-    return {role: d for role, d in found.items() if d.action != "end_canary"}

@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Engine, Select, String, and_, func, or_, select, tuple_
+from sqlalchemy import ColumnElement, Connection, Engine, Select, and_, func, or_, select, tuple_
 
 from tracemill.spans import SpanRecord
 from tracemill.store.payloads import resolve
@@ -242,23 +242,3 @@ def trace_calls(conn: Connection, trace_ids: Sequence[str]) -> dict[str, list[St
     for row in rows:
         found[row.trace_id].append(StoredCall(*row))
     return found
-
-
-@dataclass(frozen=True, slots=True)
-class FailureCount:
-    day: str  # UTC day the call was stored
-    stage: str  # parse | tool_name | schema | execution
-    tool: str | None
-    model: str | None
-    harness_version: str | None
-    calls: int
-
-
-def failure_counts(conn: Connection, f: CallFilter = CallFilter()) -> list[FailureCount]:
-    """Failed calls counted by day, stage, tool, model and harness version (one pass over `tool_calls`)."""
-    day = func.substr(func.cast(C.created_at, String), 1, 10)
-    stage = func.coalesce(C.stage, "execution")
-    rows = conn.execute(CallFilter(**{**_as_kwargs(f), "failed": True}).apply(
-        select(day, stage, C.name, C.model, C.harness_version, func.count()))
-        .group_by(day, stage, C.name, C.model, C.harness_version))
-    return [FailureCount(str(d), s, name, model, harness, int(n)) for d, s, name, model, harness, n in rows]

@@ -202,25 +202,29 @@ class Facets:
     domains: dict[str, int]
     tools: dict[str, int]
     services: tuple[str, ...]  # of the traces received most recently
+    counted_to: int = 0  # the newest tool_calls id counted
 
 
-def facets(conn: Connection, recent_spans: int = 100_000) -> Facets:
-    """Filter values: every model, harness version, domain and tool of the stored calls (one pass over
-    `tool_calls`), and the services of the traces among the newest `recent_spans` spans."""
-    models: dict[str, int] = {}
-    harnesses: dict[str, int] = {}
-    domains: dict[str, int] = {}
-    tools: dict[str, int] = {}
-    rows = conn.execute(select(C.model, C.harness_version, C.domain, C.name, func.count())
-                        .group_by(C.model, C.harness_version, C.domain, C.name))
-    for model, harness, domain, name, n in rows:
-        for counts, value in ((models, model), (harnesses, harness), (domains, domain), (tools, name)):
-            if value is not None:
-                counts[value] = counts.get(value, 0) + int(n)
-    top = _top(conn, SpanRow.id)
-    services = conn.execute(select(SpanRow.service_name).where(SpanRow.id >= top - recent_spans,
+def facets(conn: Connection, recent_spans: int = 100_000, known: Facets | None = None,
+           window: int = 100_000) -> Facets:
+    """Filter values: every model, harness version, domain and tool of the stored calls, and the services of the
+    traces among the newest `recent_spans` spans. With `known` (an earlier answer) only the calls stored since are
+    read; the calls are read in windows of ids, one GROUP BY each."""
+    counts = [dict(d) for d in (known.models, known.harness_versions, known.domains, known.tools)] if known else \
+        [{}, {}, {}, {}]
+    low = known.counted_to if known else 0
+    top = _top(conn, C.id) - 1
+    while low < top:
+        high = min(low + window, top)
+        rows = conn.execute(select(C.model, C.harness_version, C.domain, C.name, func.count())
+                            .where(C.id > low, C.id <= high).group_by(C.model, C.harness_version, C.domain, C.name))
+        for *values, n in rows:
+            for found, value in zip(counts, values, strict=True):
+                if value is not None:
+                    found[value] = found.get(value, 0) + int(n)
+        low = high
+    spans_top = _top(conn, SpanRow.id)
+    services = conn.execute(select(SpanRow.service_name).where(SpanRow.id >= spans_top - recent_spans,
                                                                SpanRow.parent_span_id.is_(None),
                                                                SpanRow.service_name.is_not(None)).distinct())
-    return Facets(models, harnesses, domains, tools, tuple(sorted(services.scalars())))
-
-
+    return Facets(*counts, tuple(sorted(services.scalars())), max(low, known.counted_to if known else 0))
