@@ -94,8 +94,7 @@ def start_collector(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
 @pytest.fixture
 def start_proxy() -> Iterator:  # type: ignore[type-arg]
     """Start the reviser sidecar in this process: start(upstream_base_url, **ServeConfig fields) -> its server."""
-    from scripted_model import ServerThread
-
+    from tracemill.net import ServerThread
     from tracemill.serving.app import ServeConfig, create_app
 
     started: list[ServerThread] = []

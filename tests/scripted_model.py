@@ -1,49 +1,20 @@
 """A small scripted OpenAI-compatible model server (the model is the only stand-in), vLLM-like where it matters: chat
-completions streamed or not, `/v1/models`, and the runtime LoRA endpoints, which it records. Also a thread that runs
-any ASGI app under uvicorn, as `tracemill serve` runs the sidecar."""
+completions streamed or not, `/v1/models`, and the runtime LoRA endpoints, which it records. `ServerThread` (from
+`tracemill.net`) runs it, or any ASGI app, under uvicorn, as `tracemill serve` runs the sidecar."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-
-from tracemill.net import free_port
-
-
-class ServerThread:
-    """An ASGI app served by uvicorn on a free port, in a thread."""
-
-    def __init__(self, app: Any) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    access_log=False, lifespan="on"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def start(self) -> ServerThread:
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("the server did not start")
-            time.sleep(0.01)
-        return self
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(20)
 
 
 @dataclass

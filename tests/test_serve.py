@@ -14,13 +14,14 @@ from typing import Any
 import httpx
 import pytest
 from openai import APIError, APIStatusError, OpenAI
-from scripted_model import Reply, ScriptedModel, ServerThread, native
+from scripted_model import Reply, ScriptedModel, native
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from tracemill.bfcl import answers_for, ast_match, load_bfcl
 from tracemill.examples import example_call
 from tracemill.faults import WEAK_PROFILES, corrupt_calls, sample_faults
+from tracemill.net import ServerThread
 from tracemill.reader import holds_call
 from tracemill.store.engine import make_engine
 from tracemill.store.tables import SpanRow, ToolCallRow

@@ -17,13 +17,13 @@ import httpx
 import pytest
 from click.testing import CliRunner
 from openai import OpenAI
-from scripted_model import Reply, ScriptedModel, ServerThread, native
+from scripted_model import Reply, ScriptedModel, native
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 from test_deployments import add_models
 
 from tracemill.cli import main
-from tracemill.net import free_port
+from tracemill.net import ServerThread, free_port
 from tracemill.repair import revise
 from tracemill.revisers import model_answer, register, registered
 from tracemill.store.engine import make_engine

@@ -12,7 +12,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "collector": ("tracemill.collector.cli", "collector", "Run the OTLP/HTTP collector."),
     "cycle": ("tracemill.cycle.cli", "cycle", "Mine, decide, train, gate and deploy a reviser: one cycle, or --every."),
     "db": ("tracemill.store.cli", "db", "Manage the store's schema."),
-    "demo": ("tracemill.demo", "demo", "Run the loop so far on SQLite and the CPU."),
+    "demo": ("tracemill.demo.cli", "demo", "The whole loop on SQLite and the CPU: sidecar, mine, train, deploy."),
     "deploy": ("tracemill.serving.cli", "deploy", "Make a reviser version active, or a canary."),
     "deployments": ("tracemill.serving.cli", "deployments", "What the sidecars serve, and the deployment history."),
     "eval": ("tracemill.evaluation", "eval_command", "Measure tool-call revisers on BFCL, MCP-Bench or your cases."),

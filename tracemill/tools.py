@@ -31,6 +31,11 @@ class Tool:
     def to_mcp(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "inputSchema": dict(self.input_schema)}
 
+    def to_openai(self) -> dict[str, Any]:
+        """As an OpenAI chat completions request offers it."""
+        return {"type": "function", "function": {"name": self.name, "description": self.description,
+                                                 "parameters": dict(self.input_schema)}}
+
 
 def _json_schema_types(schema: Any) -> Any:
     """Rewrite BFCL's Python-flavoured `type` values (`dict`, `float`, `tuple`, `any`) to JSON Schema, recursively."""

@@ -98,7 +98,7 @@ def _domain(scenario: Scenario, tool_name: str) -> str | None:
     return "medical" if sep and server in MEDICAL_SERVERS else None
 
 
-def _plan(scenario: Scenario, settings: Settings, rng: random.Random) -> list[list[ToolCall]]:
+def plan_calls(scenario: Scenario, settings: Settings, rng: random.Random) -> list[list[ToolCall]]:
     """The calls the model means to make, step by step."""
     if scenario.reference is not None:
         return [list(scenario.reference)]
@@ -112,7 +112,7 @@ def _plan(scenario: Scenario, settings: Settings, rng: random.Random) -> list[li
 
 
 @dataclass
-class _Emitted:
+class Emitted:
     """A model output as an OpenAI-compatible server returns it: text, or native tool calls."""
 
     text: str | None
@@ -120,7 +120,7 @@ class _Emitted:
     verdicts: list[Verdict]
 
 
-def _emit(corrupted: Corrupted, tools_index: dict[str, Tool], rng: random.Random) -> _Emitted:
+def emit(corrupted: Corrupted, tools_index: dict[str, Tool], rng: random.Random) -> Emitted:
     if corrupted.native:
         try:
             parsed = orjson.loads(corrupted.raw)
@@ -130,9 +130,9 @@ def _emit(corrupted: Corrupted, tools_index: dict[str, Tool], rng: random.Random
             items = parsed if isinstance(parsed, list) else [parsed]
             natives = [{"id": f"call_{rng.getrandbits(48):012x}", "name": c.get("name"),
                         "arguments": c.get("arguments")} for c in items]
-            return _Emitted(None, natives, [verify({"name": c["name"], "arguments": c["arguments"]}, tools_index)
+            return Emitted(None, natives, [verify({"name": c["name"], "arguments": c["arguments"]}, tools_index)
                                             for c in natives])
-    return _Emitted(corrupted.raw, [], [verify(corrupted.raw, tools_index)])
+    return Emitted(corrupted.raw, [], [verify(corrupted.raw, tools_index)])
 
 
 def _undeclared(call: ToolCall, verdict: Verdict) -> list[str]:
@@ -141,6 +141,21 @@ def _undeclared(call: ToolCall, verdict: Verdict) -> list[str]:
     schema = verdict.tool.input_schema if verdict.tool is not None else {}
     props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
     return [p for p in call.arguments if p not in props]
+
+
+def execution_outcome(verdict: Verdict, settings: Settings, rng: random.Random) -> tuple[str | None, str]:
+    """How a simulated MCP server answers a call that parsed: (the error type, None when it ran; what it returned)."""
+    call = verdict.call
+    assert call is not None
+    if verdict.stage == Stage.TOOL_NAME:
+        return "unknown_tool", f"Unknown tool: {call.name}"
+    if verdict.stage == Stage.SCHEMA:
+        return "invalid_arguments", f"Invalid arguments: {verdict.violations[0].message}"
+    if settings.strict_arguments and (undeclared := _undeclared(call, verdict)):
+        return "invalid_arguments", f"Invalid arguments: unexpected parameter {undeclared[0]!r}"
+    if rng.random() < settings.tool_error_rate:
+        return "upstream_error", "The upstream service did not answer in time."
+    return None, _result(call, rng)
 
 
 def _result(call: ToolCall, rng: random.Random) -> str:
@@ -173,7 +188,7 @@ class Episode:
                                                   genai.CONVERSATION_ID: conversation_id,
                                                   "tracemill.sim.scenario": self.scenario.id})
         context = trace.set_span_in_context(root)
-        for step in _plan(self.scenario, self.settings, self.rng):
+        for step in plan_calls(self.scenario, self.settings, self.rng):
             for attempt in range(self.settings.max_retries + 1):
                 if self._step(step, attempt, context, conversation_id):
                     break
@@ -199,7 +214,7 @@ class Episode:
         corrupted = corrupt_calls(intended, self.scenario.tools, kinds, self.rng)
         if corrupted.hints:  # what the model got wrong, the user had said: the request's details, as a follow-up
             self.messages.append({"role": "user", "content": " ".join(corrupted.hints)})
-        emitted = _emit(corrupted, self.index, self.rng)
+        emitted = emit(corrupted, self.index, self.rng)
         domains = sorted({d for c in intended if (d := _domain(self.scenario, c.name))})
         sim: dict[str, Any] = {
             "tracemill.sim.faults": list(corrupted.kinds),
@@ -244,16 +259,7 @@ class Episode:
         attrs = genai.tool_attributes(call.name, native["arguments"], call_id=native["id"])
         span = self.tracer.start_span(f"execute_tool {call.name}", context=context, kind=SpanKind.INTERNAL,
                                       start_time=self._advance(1, 10), attributes=attrs)
-        if verdict.stage == Stage.TOOL_NAME:
-            error, message = "unknown_tool", f"Unknown tool: {call.name}"
-        elif verdict.stage == Stage.SCHEMA:
-            error, message = "invalid_arguments", f"Invalid arguments: {verdict.violations[0].message}"
-        elif self.settings.strict_arguments and (undeclared := _undeclared(call, verdict)):
-            error, message = "invalid_arguments", f"Invalid arguments: unexpected parameter {undeclared[0]!r}"
-        elif self.rng.random() < self.settings.tool_error_rate:
-            error, message = "upstream_error", "The upstream service did not answer in time."
-        else:
-            error, message = None, _result(call, self.rng)
+        error, message = execution_outcome(verdict, self.settings, self.rng)
         span.set_attribute("tracemill.sim.execution", error or "ok")
         if domains:
             span.set_attribute("tracemill.sim.domain", domains)
@@ -270,7 +276,7 @@ class Episode:
         self.messages.append({"role": "tool", "tool_call_id": native["id"], "content": message})
         return error is None
 
-    def _count(self, corrupted: Corrupted, emitted: _Emitted, intended: Sequence[ToolCall]) -> None:
+    def _count(self, corrupted: Corrupted, emitted: Emitted, intended: Sequence[ToolCall]) -> None:
         s = self.summary
         s.spans += 1
         s.outputs += 1
