@@ -181,8 +181,8 @@ class SpanWriter:
         return {
             "trace_id": span.trace_id, "span_id": span.span_id, "call_index": call.index,
             "tool_call_id": call.tool_call_id, "raw": call.raw,
-            "name": verdict.call.name if verdict.call else call.name,
-            "arguments": verdict.call.arguments if verdict.call else None,
+            "name": verdict.call.name if verdict.call else call.name or call.read_name,
+            "arguments": verdict.call.arguments if verdict.call else call.read_arguments,
             "toolset_id": None,
             "parsed": verdict.parsed,
             "name_valid": verdict.name_valid if toolset else None,
@@ -191,7 +191,7 @@ class SpanWriter:
             "violations": [v.to_dict() for v in verdict.violations],
             "execution_status": None, "execution_error": None, "execution_result": None, "execution_span_id": None,
             "model": call.model, "harness_version": found.harness_version,
-            "domain": call_domain(found.declared_domain, verdict.tool, call.name),
+            "domain": call_domain(found.declared_domain, verdict.tool, call.name or call.read_name),
             "repairs_id": None, "start_time_ns": span.start_time_ns, "created_at": now,
         }, toolset
 

@@ -139,6 +139,16 @@ def test_bare_json_and_pythonic_text_count_only_when_tools_were_offered() -> Non
     assert extract(genai_chat(assistant({"type": "text", "content": answer}), [WEATHER_SEMCONV])).calls == []
 
 
+def test_a_call_written_as_text_keeps_the_name_and_arguments_the_reader_recovers() -> None:
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    [call] = extract(genai_chat(assistant({"type": "text", "content": text}), [WEATHER_SEMCONV])).calls
+    assert (call.name, call.read_name, call.read_arguments) == (None, "get_weather", {"city": "Paris"})
+    assert verify(call.raw, call.tools).stage is Stage.PARSE  # as sent, it failed
+    # no tool list on the span: still a call, whose verdicts are unknown
+    [call] = extract(genai_chat(assistant({"type": "text", "content": text}))).calls
+    assert (call.read_name, call.tools) == ("get_weather", None)
+
+
 def test_execute_tool_span_with_error() -> None:
     found = extract(span({
         "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "get_weather", "gen_ai.tool.call.id": "call_1",
