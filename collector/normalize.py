@@ -346,8 +346,9 @@ def _output_messages(attrs: dict[str, Any]) -> list[_Message]:
     for prefix, pattern in (("llm.output_messages.", _OPENINFERENCE_OUTPUT),
                             ("gen_ai.completion.", _OPENLLMETRY_OUTPUT)):
         messages = _flat_messages(attrs, prefix, pattern)
+        messages += _invalid_calls(attrs, messages) if prefix == "llm.output_messages." else []
         if messages:
-            return messages + _invalid_calls(attrs, messages)
+            return messages
     if "gen_ai.completion" in attrs:
         completion = attrs["gen_ai.completion"]
         decoded = _decode(completion)
