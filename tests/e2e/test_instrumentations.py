@@ -77,7 +77,7 @@ class Agents:
         """Run an agent as its own process against the scripted model, asking for `model`; it must exit 0."""
         self.model.model = model
         self.model.replies = replies_for(model)
-        done = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(script)], cwd=self.workdir,
+        done = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(script)], check=False, cwd=self.workdir,
                               capture_output=True, text=True, timeout=60,
                               env={**os.environ, "COLLECTOR": self.collector.url, "MODEL_URL": self.model_url,
                                    "MODEL": model, "TOOLS": json.dumps(TOOLS), "TURNS": json.dumps(list(TURNS)),
@@ -101,7 +101,7 @@ class Agents:
 
     def stats(self, model: str) -> dict[str, Any]:
         done = subprocess.run([sys.executable, "-m", "tracemill.cli", "stats", "--db", self.db_url, "--json",
-                               "--model", model], capture_output=True, text=True, timeout=60)
+                               "--model", model], check=False, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
 
