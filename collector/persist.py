@@ -147,8 +147,8 @@ class SpanWriter:
         calls = []
         for row, toolset in zip(rows, toolsets):
             calls.append({**row, "toolset_id": self._toolset_id(conn, toolset) if toolset else None})
-        calls, fills = self._one_row_per_call(conn, calls, batch.first_span)
-        linked = _link_executions(conn, calls, batch.in_batch, batch.executions)
+        calls, fills, seen_as = self._one_row_per_call(conn, calls, batch.first_span)
+        linked = _link_executions(conn, calls, batch.in_batch, batch.executions, seen_as)
 
         self._insert_payloads.execute_params(conn, batch.payload_params)
         self._new_payloads.update(batch.payload_digests)
@@ -171,13 +171,16 @@ class SpanWriter:
                            for r in calls if r["tool_call_id"]]
 
     def _one_row_per_call(self, conn: Connection, rows: list[dict[str, Any]], first_span: dict[tuple[str, str], str]
-                          ) -> tuple[list[dict[str, Any]], dict[tuple[str, str, int], dict[str, Any]]]:
-        """The rows to insert, one per call (`same_call`), and the stored rows to fill from the others, by key."""
+                          ) -> tuple[list[dict[str, Any]], dict[tuple[str, str, int], dict[str, Any]],
+                                     dict[int, tuple[str, str]]]:
+        """The rows to insert, one per call (`same_call`); the stored rows to fill from the others, by key; and for a
+        kept row that another trace showed too, that trace's (trace, call id), where its execution may be."""
         owners = _stored_owners(conn, first_span) if first_span else {}
         kept: list[dict[str, Any]] = []
         fills: dict[tuple[str, str, int], dict[str, Any]] = {}
         in_trace: dict[tuple[str, str], dict[str, Any]] = {}
         by_content: dict[tuple[Any, ...], dict[str, Any]] = {}
+        seen_as: dict[int, tuple[str, str]] = {}
         for row in rows:
             if not row["tool_call_id"]:
                 kept.append(row)
@@ -194,6 +197,7 @@ class SpanWriter:
             twin = by_content.get(content)
             if twin is not None:
                 same_call.fill(twin, row)
+                seen_as[id(twin)] = key
                 continue
             recent = self._recent_calls.get(content)
             if recent is not None and recent[0] != row["trace_id"]:
@@ -201,7 +205,7 @@ class SpanWriter:
                 continue
             in_trace[key] = by_content[content] = row
             kept.append(row)
-        return kept, fills
+        return kept, fills, seen_as
 
     def _stored_trace_tools(self, conn: Connection, trace_id: str) -> list[Tool] | None:
         """The tools last offered in a trace, from its stored spans."""
@@ -296,7 +300,7 @@ class SpanWriter:
 
 
 def _link_executions(conn: Connection, calls: list[dict[str, Any]], in_batch: dict[tuple[str, str], dict[str, Any]],
-                     executions: list[dict[str, Any]]) -> set[Any]:
+                     executions: list[dict[str, Any]], seen_as: dict[int, tuple[str, str]]) -> set[Any]:
     """Attach to each new call its execution: from this batch, else one stored before the call arrived; by the call
     id, else (an execution that carries none) by the tool's name and arguments within the trace. Returns the
     (trace, tool call id) keys of this batch's executions that found their call here, and the `id()` of those found
@@ -310,10 +314,15 @@ def _link_executions(conn: Connection, calls: list[dict[str, Any]], in_batch: di
     for row in calls:
         key = (row["trace_id"], row["tool_call_id"])
         hit = in_batch.get(key) if row["tool_call_id"] else None
-        if hit is None and row["trace_id"] in unnamed:
-            hit = _same_content(row, unnamed[row["trace_id"]], linked)
+        if hit is None and id(row) in seen_as:
+            hit = in_batch.get(seen_as[id(row)])
             if hit is not None:
-                linked.add(id(hit))
+                linked.add(seen_as[id(row)])
+        for trace_id in (row["trace_id"], seen_as[id(row)][0]) if id(row) in seen_as else (row["trace_id"],):
+            if hit is None and trace_id in unnamed:
+                hit = _same_content(row, unnamed[trace_id], linked)
+                if hit is not None:
+                    linked.add(id(hit))
         if hit is not None:
             linked.add(key)
             _set_execution(row, hit["span_id"], hit["ok"], hit["error"], hit["result"])

@@ -342,17 +342,9 @@ def _rate(hits: int, total: int) -> float | None:
     return hits / total if total else None
 
 
-@pytest.mark.parametrize("library", [
-    *LIBRARIES,
-    pytest.param("openinference-langchain+openai", marks=pytest.mark.xfail(strict=True, reason=(
-        "the call written as text is stored twice (it has no id to tell it is one call), and the kept rows come "
-        "from the OpenAI spans' traces, where the executions are not"))),
-])
+@pytest.mark.parametrize("library", LIBRARIES)
 def test_every_scripted_call_is_stored_once(agents: Agents, library: str) -> None:
-    if library == "openinference-langchain+openai":
-        script, env, executed = OPENINFERENCE_LANGCHAIN, {"WITH_OPENAI": "1"}, RAN
-    else:
-        script, env, executed = LIBRARIES[library]
+    script, env, executed = LIBRARIES[library]
     agents.run(script, library, **env)
     rows = agents.rows(library, lambda rs: len(rs) >= len(EXPECTED)
                        and sum(r.execution_status is not None for r in rs) >= len(executed))
@@ -373,3 +365,18 @@ def test_every_scripted_call_is_stored_once(agents: Agents, library: str) -> Non
                                                     sum(v[2] is not None for v in verdicts))
     assert figures["input_schema_compliance"] == _rate(sum(v[2] is True and v[3] is True for v in verdicts),
                                                        sum(v[2] is True for v in verdicts))
+
+
+def test_two_instrumentations_of_one_call_store_it_once(agents: Agents) -> None:
+    """OpenInference's LangChain and OpenAI instrumentations together: the OpenAI spans start traces of their own, and
+    each native call is still one row, with the execution LangChain's trace records."""
+    library = "openinference-langchain+openai"
+    agents.run(OPENINFERENCE_LANGCHAIN, library, WITH_OPENAI="1")
+    rows = agents.rows(library, lambda rs: len(rs) >= len(EXPECTED) and
+                       sum(r.execution_status is not None for r in rs) >= len(RAN))
+    native = {r.tool_call_id.removeprefix(f"{library}-"): r for r in rows if r.tool_call_id}
+    assert {k: (r.name, r.parsed, r.name_valid, r.schema_valid) for k, r in native.items()} == \
+        {k: v for k, v in EXPECTED.items() if k}
+    assert {k: r.execution_status for k, r in native.items() if r.execution_status} == RAN
+    # Not yet: the call written as text carries no id, so its two sightings (two traces) stay two rows.
+    assert [r.raw for r in rows if r.tool_call_id is None] == [TEXT_CALL, TEXT_CALL]
