@@ -168,7 +168,7 @@ class SpanWriter:
         if unnamed:
             _link_stored_by_content(conn, unnamed)
         self._new_calls = [(same_call.content_key(r), (r["trace_id"], r["span_id"], r["call_index"]))
-                           for r in calls if r["tool_call_id"]]
+                           for r in calls if r["tool_call_id"] and len(r["tool_call_id"]) >= same_call.UNIQUE_ID_CHARS]
 
     def _one_row_per_call(self, conn: Connection, rows: list[dict[str, Any]], first_span: dict[tuple[str, str], str]
                           ) -> tuple[list[dict[str, Any]], dict[tuple[str, str, int], dict[str, Any]],
@@ -192,6 +192,10 @@ class SpanWriter:
             owner = owners.get(key)
             if owner is not None and owner[0] != row["span_id"]:
                 fills[(row["trace_id"], *owner)] = row
+                continue
+            if len(row["tool_call_id"]) < same_call.UNIQUE_ID_CHARS:
+                in_trace[key] = row
+                kept.append(row)
                 continue
             content = same_call.content_key(row)
             twin = by_content.get(content)

@@ -4,8 +4,10 @@ OpenAI spans start traces of their own). The row kept is the first one stored, f
 and it does not: the model, the tools offered (and so the verdict against them), the harness version, the execution.
 
 Within a trace a tool call id is one call. Across traces it is one call only when its content (name and arguments)
-is the same too; those are found among the calls this writer stored recently (`RecentCalls`), since the store has no
-index on the call id alone.
+is the same too, and only an id long enough to be drawn at random (`UNIQUE_ID_CHARS`: OpenAI's, vLLM's, Anthropic's,
+Mistral's 9 characters) counts: servers that number their calls (`0`, `call_0`) repeat ids across requests. Those
+twins are found in the same request and among the calls this writer stored recently (`RecentCalls`), since the store
+has no index on the call id alone.
 
 Executions that carry no call id (OpenLLMetry's and Langfuse's tool spans) are matched to a call of their trace that
 names the same tool with the same arguments (`same_arguments`)."""
@@ -23,6 +25,9 @@ from tracemill.store.tables import ToolCallRow
 _CALLS = ToolCallRow.__table__
 VERDICT = ("toolset_id", "name", "arguments", "parsed", "name_valid", "schema_valid", "stage", "violations", "domain")
 EXECUTION = ("execution_status", "execution_error", "execution_result", "execution_span_id")
+
+
+UNIQUE_ID_CHARS = 9
 
 
 def content_key(row: dict[str, Any]) -> tuple[str | None, str | None, bytes]:

@@ -83,14 +83,16 @@ def test_one_call_seen_by_a_chain_span_another_trace_and_a_tool_span_is_one_full
         ("success", '"sunny in Paris"', "04" * 8)
 
 
-def test_a_call_id_in_two_traces_with_other_content_is_two_calls(sqlite_url: str) -> None:
+def test_a_call_id_in_two_traces_is_two_calls_with_other_content_or_a_numbered_id(sqlite_url: str) -> None:
     engine = make_engine(sqlite_url)
     upgrade(engine)
     writer = SpanWriter(engine.dialect)
-    for trace, city in (("a1" * 16, "Paris"), ("b2" * 16, "Oslo")):
-        call = [{"id": "call_0", "name": "get_weather", "arguments": {"city": city}}]
+    sent = [("a1" * 16, "call_Xk2pQ9rT", "Paris"), ("b2" * 16, "call_Xk2pQ9rT", "Oslo"),  # same id, other content
+            ("c3" * 16, "call_0", "Rome"), ("d4" * 16, "call_0", "Rome")]  # a numbered id: the server repeats it
+    for trace, call_id, city in sent:
+        call = [{"id": call_id, "name": "get_weather", "arguments": {"city": city}}]
         _write(engine, writer, [make_span(trace, "01" * 8, "chat", chat_attributes(call))])
     with engine.connect() as conn:
         cities = sorted(a["city"] for a in conn.execute(select(ToolCallRow.arguments)).scalars())
     engine.dispose()
-    assert cities == ["Oslo", "Paris"]
+    assert cities == ["Oslo", "Paris", "Rome", "Rome"]
