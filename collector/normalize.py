@@ -50,6 +50,7 @@ _EXEC_ARGUMENT_KEYS = ("gen_ai.tool.call.arguments", "mcp.request.arguments", "i
                        "tool_call.function.arguments", "gen_ai.prompt", "tool.parameters")
 _EXEC_RESULT_KEYS = ("gen_ai.tool.call.result", "mcp.tool.result.content", "output.value", "gen_ai.completion")
 # LangChain's `invalid_tool_calls` (arguments that are not JSON), which OpenInference leaves out of the flattened output.
+_REPORT_MARKERS = ('"status"', '"tool_call_id"', '"isError"', '"is_error"')
 _INVALID_CALLS = re.compile(r'"invalid_tool_calls":\s*\[\s*\{')
 _MCP_ARGUMENT_PREFIX = "mcp.request.argument."
 
@@ -531,7 +532,10 @@ def _reported_outcome(result: Any) -> _Reported | None:
     """What a tool's result says about its run: a LangChain ToolMessage (alone, under `output` or `data`, or the
     only message of a `messages` list) carries the call id and `status: error` for an error the agent handled; an MCP
     CallToolResult carries `isError` (OpenLLMetry: `is_error`)."""
-    if not (isinstance(result, dict) or (isinstance(result, str) and result[:1] == "{")):
+    if isinstance(result, str):
+        if result[:1] != "{" or not any(marker in result for marker in _REPORT_MARKERS):  # most results: no decoding
+            return None
+    elif not isinstance(result, dict):
         return None
     value = _decode(result)
     for key in ("output", "data"):
