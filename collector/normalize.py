@@ -7,9 +7,10 @@ OpenTelemetry GenAI (`gen_ai.*` messages, `execute_tool` spans), MCP (`tools/cal
 `{"name": ..., "arguments": ...}` with the arguments exactly as emitted: a string stays a JSON string, its text
 verbatim even when it is broken JSON, and an object stays an object, so `verify(raw)` reads it exactly as it reads
 `call_input`. A call the model wrote as text (`<tool_call>…`, `[TOOL_CALLS]…`, bare JSON, `tool(...)`) keeps that text
-as both `raw` and `call_input`, with `name` None: recovering it is the reviser's job, not this module's. Whether text
-holds a call at all is decided by the reviser's own reading (`tracemill.repair.holds_call`), and only for a model that
-was offered tools.
+as both `raw` and `call_input`, with `name` None (its verdict is the text's as sent: it failed), and the tool it names
+and its arguments as the reader recovers them in `read_name` / `read_arguments`, so that it can be counted by tool.
+Whether text holds a call at all is decided by the reviser's own reading (`tracemill.reader.holds_call`); where the
+span does not list the tools offered, only a marked call that names its tool counts, stored with unknown verdicts.
 
 Tool lists are decoded once per distinct text and shared between spans: treat `Tool` objects as read-only.
 """
@@ -25,13 +26,14 @@ from typing import Any
 
 import orjson
 
-from tracemill.reader import holds_call
+from tracemill.reader import holds_call, read
 from tracemill.spans import SpanRecord
 from tracemill.tools import Tool, ToolFormatError, normalize_tool, tool_index
 
 RESULT_LIMIT = 64 * 1024  # characters of a tool result kept
 
-_RELEVANT_PREFIXES = ("gen_ai.", "llm.", "mcp.", "openinference.", "tool.", "tool_call.", "langsmith.")
+_RELEVANT_PREFIXES = ("gen_ai.", "llm.", "mcp.", "openinference.", "tool.", "tool_call.", "langsmith.", "traceloop.",
+                      "langfuse.")
 _EVENT_KEYS = ("gen_ai.output.messages", "gen_ai.tool.definitions", "gen_ai.completion")
 _MODEL_KEYS = ("gen_ai.response.model", "gen_ai.request.model", "llm.model_name", "llm.response.model",
                "llm.request.model")
@@ -41,12 +43,15 @@ _MESSAGE_KEYS = frozenset({"role", "parts", "tool_calls", "content", "additional
 _MAX_DEPTH = 8
 _TOO_DEEP = "<arguments nested too deeply to store>"
 
-_EXEC_NAME_KEYS = ("gen_ai.tool.name", "mcp.tool.name", "tool.name", "langsmith.trace.name")
+_EXEC_NAME_KEYS = ("gen_ai.tool.name", "mcp.tool.name", "tool.name", "traceloop.entity.name", "langsmith.trace.name")
 _EXEC_ID_KEYS = ("gen_ai.tool.call.id", "tool_call.id", "tool.id", "tool.call_id")
 # `tool.parameters` is OpenInference's tool *definition*, but some instrumentations put the arguments there: last.
 _EXEC_ARGUMENT_KEYS = ("gen_ai.tool.call.arguments", "mcp.request.arguments", "input.value",
                        "tool_call.function.arguments", "gen_ai.prompt", "tool.parameters")
 _EXEC_RESULT_KEYS = ("gen_ai.tool.call.result", "mcp.tool.result.content", "output.value", "gen_ai.completion")
+# LangChain's `invalid_tool_calls` (arguments that are not JSON), which OpenInference leaves out of the flattened output.
+_REPORT_MARKERS = ('"status"', '"tool_call_id"', '"isError"', '"is_error"')
+_INVALID_CALLS = re.compile(r'"invalid_tool_calls":\s*\[\s*\{')
 _MCP_ARGUMENT_PREFIX = "mcp.request.argument."
 
 # Flattened output messages: OpenInference `llm.output_messages.N.message.…`, OpenLLMetry `gen_ai.completion.N.…`.
@@ -76,6 +81,10 @@ class ExtractedCall:
     name: str | None
     tools: list[Tool] | None  # the tools offered in this span; None when the span does not say
     model: str | None
+    # A call written as text: the tool it names and its arguments as the reader recovers them (`name` stays None, so
+    # that the verdict is the text's as sent).
+    read_name: str | None = None
+    read_arguments: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -121,6 +130,8 @@ def extract(span: SpanRecord) -> Extracted:
         return Extracted([], [], None, None, None)
     if from_events:
         attrs = {**from_events, **attrs}
+    if "traceloop.span.kind" in attrs or "langfuse.observation.type" in attrs or "traceloop.entity.output" in attrs:
+        attrs = _entity_view(attrs)
     tools = _offered_tools(attrs)
     execution = _execution(span, attrs)
     # A tool execution's output is the tool's, not the model's: no calls are read from it.
@@ -137,6 +148,41 @@ def extract(span: SpanRecord) -> Extracted:
         or _first_str(resource, ("gen_ai.agent.version",)),
         declared_domain=_first_str(attrs, ("tracemill.domain",)) or _first_str(resource, ("tracemill.domain",)),
     )
+
+
+def _entity_view(attrs: dict[str, Any]) -> dict[str, Any]:
+    """OpenLLMetry's `traceloop.entity.*` and Langfuse's `langfuse.observation.*` under the names the readers below
+    know: a generation's input and output as `gen_ai.prompt` / `gen_ai.completion`, its model, a tool's arguments and
+    result, and an MCP `tools/list` result as the tools offered."""
+    view = dict(attrs)
+    kind = attrs.get("traceloop.span.kind") or attrs.get("langfuse.observation.type")
+    entity_input = attrs.get("traceloop.entity.input", attrs.get("langfuse.observation.input"))
+    entity_output = attrs.get("traceloop.entity.output", attrs.get("langfuse.observation.output"))
+    if kind == "generation":
+        view.setdefault("gen_ai.prompt", entity_input)
+        view.setdefault("gen_ai.completion", entity_output)
+        model = attrs.get("langfuse.observation.model.name")
+        if isinstance(model, str) and model:
+            view.setdefault("gen_ai.response.model", model)
+    elif kind == "tool":
+        view["tracemill.tool_span"] = True
+        arguments = _decode(entity_input)
+        if isinstance(arguments, dict):
+            if isinstance(arguments.get("arguments"), dict):  # OpenLLMetry MCP: {"tool_name", "arguments"}
+                arguments = arguments["arguments"]
+            elif isinstance(arguments.get("kwargs"), dict) and not arguments.get("args"):  # a decorated function
+                arguments = arguments["kwargs"]
+        if arguments is not None:
+            view.setdefault("gen_ai.tool.call.arguments", arguments)
+        elif entity_input is not None:
+            view.setdefault("gen_ai.tool.call.arguments", entity_input)
+        if entity_output is not None:
+            view.setdefault("gen_ai.tool.call.result", entity_output)
+    elif isinstance(decoded := _decode(entity_output), dict) and isinstance(decoded.get("tools"), list):
+        view.setdefault("mcp.tools", decoded)  # OpenLLMetry MCP's `tools/list.mcp` span: the ListToolsResult
+    if attrs.get("langfuse.observation.level") == "ERROR":
+        view.setdefault("error.type", "error")
+    return view
 
 
 def _relevant(attrs: dict[Any, Any]) -> bool:
@@ -301,6 +347,7 @@ def _output_messages(attrs: dict[str, Any]) -> list[_Message]:
     for prefix, pattern in (("llm.output_messages.", _OPENINFERENCE_OUTPUT),
                             ("gen_ai.completion.", _OPENLLMETRY_OUTPUT)):
         messages = _flat_messages(attrs, prefix, pattern)
+        messages += _invalid_calls(attrs, messages) if prefix == "llm.output_messages." else []
         if messages:
             return messages
     if "gen_ai.completion" in attrs:
@@ -310,6 +357,17 @@ def _output_messages(attrs: dict[str, Any]) -> list[_Message]:
             return [_Message([], [completion])]
         return _walk_messages(decoded)
     return []
+
+
+def _invalid_calls(attrs: dict[str, Any], messages: list[_Message]) -> list[_Message]:
+    """The calls LangChain could not parse, from an OpenInference LLM span's `output.value`: they are not among the
+    flattened output messages."""
+    output = attrs.get("output.value")
+    if not (isinstance(output, str) and _INVALID_CALLS.search(output)):
+        return []
+    known = {call.id for message in messages for call in message.calls}
+    found = [call for message in _walk_messages(_decode(output)) for call in message.calls if call.id not in known]
+    return [_Message(found, [])] if found else []
 
 
 def _flat_messages(attrs: dict[str, Any], prefix: str, pattern: re.Pattern[str]) -> list[_Message]:
@@ -418,11 +476,21 @@ def _calls(messages: list[_Message], tools: list[Tool] | None, model: str | None
                 raw = json.dumps(call_input, ensure_ascii=False)
             calls.append(ExtractedCall(index, native.id, raw, call_input, native.name, tools, model))
         return calls
-    if not tools:  # a model offered no tools makes no call that can be judged
-        return []
-    index = tool_index(tools)
-    texts = [text for message in messages for text in message.texts if holds_call(text, index)]
-    return [ExtractedCall(index, None, text, text, None, tools, model) for index, text in enumerate(texts)]
+    # Text holding a call. Where the span does not list the tools, only a call marked as one (a tag, `[TOOL_CALLS]`)
+    # that names its tool counts: bare JSON may be an answer asked for in JSON.
+    index = tool_index(tools) if tools else {}
+    calls = []
+    for text in (text for message in messages for text in message.texts):
+        if not holds_call(text, index):
+            continue
+        reading = read(text, index)
+        first = reading.calls[0] if reading.calls else None
+        name = first.name if first is not None and isinstance(first.name, str) and first.name else None
+        if not tools and (name is None or reading.exact is not None):
+            continue
+        calls.append(ExtractedCall(len(calls), None, text, text, None, tools, model, name,
+                                   first.arguments if first is not None else None))
+    return calls
 
 
 # --- executions ---------------------------------------------------------------------------------------------------
@@ -431,20 +499,64 @@ def _execution(span: SpanRecord, attrs: dict[str, Any]) -> ExtractedExecution | 
     kind = attrs.get("openinference.span.kind")
     langsmith_kind = attrs.get("langsmith.span.kind")
     is_langsmith_tool = isinstance(langsmith_kind, str) and langsmith_kind.lower() == "tool"
+    tool_span = attrs.get("tracemill.tool_span") is True
     if not (attrs.get("gen_ai.operation.name") == "execute_tool" or attrs.get("mcp.method.name") == "tools/call"
-            or (isinstance(kind, str) and kind.upper() == "TOOL") or is_langsmith_tool):
+            or (isinstance(kind, str) and kind.upper() == "TOOL") or is_langsmith_tool or tool_span):
         return None
     name = _first_str(attrs, _EXEC_NAME_KEYS)
-    if name is None and is_langsmith_tool and isinstance(span.name, str) and span.name:
+    if name is None and (is_langsmith_tool or tool_span) and isinstance(span.name, str) and span.name:
         name = span.name
     call_id = next((i for i in map(_as_id, (attrs.get(k) for k in _EXEC_ID_KEYS)) if i is not None), None)
     arguments = next((_text(attrs[k]) for k in _EXEC_ARGUMENT_KEYS if attrs.get(k) is not None), None)
     if arguments is None:
         arguments = _mcp_arguments(attrs)
-    result = next((_text(attrs[k]) for k in _EXEC_RESULT_KEYS if attrs.get(k) is not None), None)
+    raw_result = next((attrs[k] for k in _EXEC_RESULT_KEYS if attrs.get(k) is not None), None)
+    reported = _reported_outcome(raw_result)
+    if call_id is None and reported is not None:
+        call_id = reported.call_id
+    result = _text(raw_result)
     error = _error(span, attrs)
+    if error is None and reported is not None and reported.error is not None:
+        error = reported.error
     return ExtractedExecution(call_id, name, arguments, error is None, error,
                               result[:RESULT_LIMIT] if result is not None else None)
+
+
+@dataclass(slots=True)
+class _Reported:
+    call_id: str | None
+    error: str | None
+
+
+def _reported_outcome(result: Any) -> _Reported | None:
+    """What a tool's result says about its run: a LangChain ToolMessage (alone, under `output` or `data`, or the
+    only message of a `messages` list) carries the call id and `status: error` for an error the agent handled; an MCP
+    CallToolResult carries `isError` (OpenLLMetry: `is_error`)."""
+    if isinstance(result, str):
+        if result[:1] != "{" or not any(marker in result for marker in _REPORT_MARKERS):  # most results: no decoding
+            return None
+    elif not isinstance(result, dict):
+        return None
+    value = _decode(result)
+    for key in ("output", "data"):
+        if isinstance(value, dict) and isinstance(value.get(key), dict):
+            value = value[key]
+    if isinstance(value, dict) and isinstance(value.get("messages"), list) and len(value["messages"]) == 1:
+        value = value["messages"][0]
+        if isinstance(value, dict) and isinstance(value.get("data"), dict):
+            value = value["data"]
+    if not isinstance(value, dict):
+        return None
+    if value.get("isError") is True or value.get("is_error") is True:
+        message = _text(value.get("result", value.get("content")))
+        return _Reported(None, f"tool_error: {message}" if message else "tool_error")
+    if "tool_call_id" not in value and "status" not in value:
+        return None
+    content = value.get("content")
+    error = None
+    if value.get("status") == "error":
+        error = f"tool_error: {_text(content)}" if content else "tool_error"
+    return _Reported(_as_id(value.get("tool_call_id")), error)
 
 
 def _mcp_arguments(attrs: dict[str, Any]) -> str | None:

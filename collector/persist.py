@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Dialect, bindparam, select, update
 
+from tracemill.collector import same_call
 from tracemill.collector.domains import call_domain
 from tracemill.collector.normalize import Extracted, ExtractedCall, ExtractedExecution, extract
 from tracemill.spans import SpanRecord
@@ -96,6 +97,8 @@ class SpanWriter:
         self._new_toolset_ids: dict[str, int] = {}  # inserted by the open transaction
         self._digests: _Bounded = _Bounded(4096)  # id(tool list) -> (the list, its hash): spans share decoded lists
         self._trace_tools: _Bounded = _Bounded(65536)
+        self._recent_calls = same_call.RecentCalls(65536)  # the calls with an id stored last, by content
+        self._new_calls: list[tuple[Any, tuple[str, str, int]]] = []
 
     def prepare(self, spans: list[SpanRecord]) -> Prepared:
         now = utcnow()
@@ -119,9 +122,7 @@ class SpanWriter:
         for span, found in extracted:
             for call in found.calls:
                 if call.tool_call_id:
-                    key = (span.trace_id, call.tool_call_id)
-                    if batch.first_span.setdefault(key, span.span_id) != span.span_id:
-                        continue
+                    batch.first_span.setdefault((span.trace_id, call.tool_call_id), span.span_id)
                 tools = call.tools if call.tools is not None else self._trace_tools.get(span.trace_id)
                 if tools is None:
                     batch.unresolved.append((len(batch.calls), span, found, call))
@@ -146,9 +147,8 @@ class SpanWriter:
         calls = []
         for row, toolset in zip(rows, toolsets):
             calls.append({**row, "toolset_id": self._toolset_id(conn, toolset) if toolset else None})
-        if batch.first_span:
-            calls = _drop_stored_repeats(conn, calls, batch.first_span)
-        linked = _link_executions(conn, calls, batch.in_batch)
+        calls, fills, seen_as = self._one_row_per_call(conn, calls, batch.first_span)
+        linked = _link_executions(conn, calls, batch.in_batch, batch.executions, seen_as)
 
         self._insert_payloads.execute_params(conn, batch.payload_params)
         self._new_payloads.update(batch.payload_digests)
@@ -162,6 +162,54 @@ class SpanWriter:
         self._insert_executions.execute_params(conn, batch.execution_params)
         if links:
             conn.execute(_LINK_EXECUTION, links)
+        if fills:
+            conn.execute(same_call.FILL_STORED, [same_call.fill_params(k, row) for k, row in fills.items()])
+        unnamed = [r for r in batch.executions if not r["tool_call_id"] and r["tool_name"] and id(r) not in linked]
+        if unnamed:
+            _link_stored_by_content(conn, unnamed)
+        self._new_calls = [(same_call.content_key(r), (r["trace_id"], r["span_id"], r["call_index"]))
+                           for r in calls if r["tool_call_id"] and len(r["tool_call_id"]) >= same_call.UNIQUE_ID_CHARS]
+
+    def _one_row_per_call(self, conn: Connection, rows: list[dict[str, Any]], first_span: dict[tuple[str, str], str]
+                          ) -> tuple[list[dict[str, Any]], dict[tuple[str, str, int], dict[str, Any]],
+                                     dict[int, tuple[str, str]]]:
+        """The rows to insert, one per call (`same_call`); the stored rows to fill from the others, by key; and for a
+        kept row that another trace showed too, that trace's (trace, call id), where its execution may be."""
+        owners = _stored_owners(conn, first_span) if first_span else {}
+        kept: list[dict[str, Any]] = []
+        fills: dict[tuple[str, str, int], dict[str, Any]] = {}
+        in_trace: dict[tuple[str, str], dict[str, Any]] = {}
+        by_content: dict[tuple[Any, ...], dict[str, Any]] = {}
+        seen_as: dict[int, tuple[str, str]] = {}
+        for row in rows:
+            if not row["tool_call_id"]:
+                kept.append(row)
+                continue
+            key = (row["trace_id"], row["tool_call_id"])
+            if key in in_trace:
+                same_call.fill(in_trace[key], row)
+                continue
+            owner = owners.get(key)
+            if owner is not None and owner[0] != row["span_id"]:
+                fills[(row["trace_id"], *owner)] = row
+                continue
+            if len(row["tool_call_id"]) < same_call.UNIQUE_ID_CHARS:
+                in_trace[key] = row
+                kept.append(row)
+                continue
+            content = same_call.content_key(row)
+            twin = by_content.get(content)
+            if twin is not None:
+                same_call.fill(twin, row)
+                seen_as[id(twin)] = key
+                continue
+            recent = self._recent_calls.get(content)
+            if recent is not None and recent[0] != row["trace_id"]:
+                fills[recent] = row
+                continue
+            in_trace[key] = by_content[content] = row
+            kept.append(row)
+        return kept, fills, seen_as
 
     def _stored_trace_tools(self, conn: Connection, trace_id: str) -> list[Tool] | None:
         """The tools last offered in a trace, from its stored spans."""
@@ -181,8 +229,8 @@ class SpanWriter:
         return {
             "trace_id": span.trace_id, "span_id": span.span_id, "call_index": call.index,
             "tool_call_id": call.tool_call_id, "raw": call.raw,
-            "name": verdict.call.name if verdict.call else call.name,
-            "arguments": verdict.call.arguments if verdict.call else None,
+            "name": verdict.call.name if verdict.call else call.name or call.read_name,
+            "arguments": verdict.call.arguments if verdict.call else call.read_arguments,
             "toolset_id": None,
             "parsed": verdict.parsed,
             "name_valid": verdict.name_valid if toolset else None,
@@ -191,7 +239,7 @@ class SpanWriter:
             "violations": [v.to_dict() for v in verdict.violations],
             "execution_status": None, "execution_error": None, "execution_result": None, "execution_span_id": None,
             "model": call.model, "harness_version": found.harness_version,
-            "domain": call_domain(found.declared_domain, verdict.tool, call.name),
+            "domain": call_domain(found.declared_domain, verdict.tool, call.name or call.read_name),
             "repairs_id": None, "start_time_ns": span.start_time_ns, "created_at": now,
         }, toolset
 
@@ -223,12 +271,16 @@ class SpanWriter:
             self._toolset_ids.put(digest, toolset_id)
         for digest in self._new_payloads:
             self._payloads.put(digest, True)
+        for content, where in self._new_calls:
+            self._recent_calls.put(content, where)
         self._new_toolset_ids.clear()
         self._new_payloads.clear()
+        self._new_calls = []
 
     def rolled_back(self) -> None:
         self._new_toolset_ids.clear()
         self._new_payloads.clear()
+        self._new_calls = []
 
     def _span_row(self, span: SpanRecord, now: Any, payload_rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
         attributes = span.attributes
@@ -251,49 +303,100 @@ class SpanWriter:
         }
 
 
-def _link_executions(conn: Connection, calls: list[dict[str, Any]],
-                     in_batch: dict[tuple[str, str], dict[str, Any]]) -> set[tuple[str, str]]:
-    """Attach to each new call its execution: from this batch, else one stored before the call arrived.
-    Returns the (trace, tool call id) keys of this batch's executions that found their call here."""
-    linked: set[tuple[str, str]] = set()
+def _link_executions(conn: Connection, calls: list[dict[str, Any]], in_batch: dict[tuple[str, str], dict[str, Any]],
+                     executions: list[dict[str, Any]], seen_as: dict[int, tuple[str, str]]) -> set[Any]:
+    """Attach to each new call its execution: from this batch, else one stored before the call arrived; by the call
+    id, else (an execution that carries none) by the tool's name and arguments within the trace. Returns the
+    (trace, tool call id) keys of this batch's executions that found their call here, and the `id()` of those found
+    by content."""
+    linked: set[Any] = set()
     missing: list[dict[str, Any]] = []
+    unnamed: dict[str, list[dict[str, Any]]] = {}
+    for execution in executions:
+        if not execution["tool_call_id"] and execution["tool_name"]:
+            unnamed.setdefault(execution["trace_id"], []).append(execution)
     for row in calls:
-        if not row["tool_call_id"]:
-            continue
         key = (row["trace_id"], row["tool_call_id"])
-        hit = in_batch.get(key)
-        if hit is None:
-            missing.append(row)
-        else:
+        hit = in_batch.get(key) if row["tool_call_id"] else None
+        if hit is None and id(row) in seen_as:
+            hit = in_batch.get(seen_as[id(row)])
+            if hit is not None:
+                linked.add(seen_as[id(row)])
+        for trace_id in (row["trace_id"], seen_as[id(row)][0]) if id(row) in seen_as else (row["trace_id"],):
+            if hit is None and trace_id in unnamed:
+                hit = _same_content(row, unnamed[trace_id], linked)
+                if hit is not None:
+                    linked.add(id(hit))
+        if hit is not None:
             linked.add(key)
             _set_execution(row, hit["span_id"], hit["ok"], hit["error"], hit["result"])
+        else:
+            missing.append(row)
     if missing:
-        wanted = {(r["trace_id"], r["tool_call_id"]) for r in missing}
         stored = conn.execute(
             select(_EXECUTIONS.c.trace_id, _EXECUTIONS.c.tool_call_id, _EXECUTIONS.c.span_id, _EXECUTIONS.c.ok,
-                   _EXECUTIONS.c.error, _EXECUTIONS.c.result)
-            .where(_EXECUTIONS.c.trace_id.in_({t for t, _ in wanted}))
+                   _EXECUTIONS.c.error, _EXECUTIONS.c.result, _EXECUTIONS.c.tool_name, _EXECUTIONS.c.arguments)
+            .where(_EXECUTIONS.c.trace_id.in_({r["trace_id"] for r in missing}))
         ).all()
-        by_key = {(s.trace_id, s.tool_call_id): s for s in stored if (s.trace_id, s.tool_call_id) in wanted}
+        by_key = {(s.trace_id, s.tool_call_id): s for s in stored if s.tool_call_id}
+        stored_unnamed: dict[str, list[dict[str, Any]]] = {}
+        for s in stored:
+            if not s.tool_call_id and s.tool_name:
+                stored_unnamed.setdefault(s.trace_id, []).append(s._asdict())
         for row in missing:
-            s = by_key.get((row["trace_id"], row["tool_call_id"]))
+            s = by_key.get((row["trace_id"], row["tool_call_id"])) if row["tool_call_id"] else None
             if s is not None:
                 _set_execution(row, s.span_id, s.ok, s.error, s.result)
+            elif row["trace_id"] in stored_unnamed:
+                found = _same_content(row, stored_unnamed[row["trace_id"]], linked)
+                if found is not None:
+                    linked.add(id(found))
+                    _set_execution(row, found["span_id"], found["ok"], found["error"], found["result"])
     return linked
 
 
-def _drop_stored_repeats(conn: Connection, rows: list[dict[str, Any]],
-                         first_span: dict[tuple[str, str], str]) -> list[dict[str, Any]]:
-    """Spans that enclose a model call (an agent's, a chain's) repeat its tool calls: a tool call id is stored once
-    per trace, from the first span that showed it (`first_span` for this batch; stored rows before that)."""
+def _same_content(row: dict[str, Any], executions: list[dict[str, Any]], taken: set[Any]) -> dict[str, Any] | None:
+    """The first execution not taken yet that ran the row's tool with its arguments."""
+    if row["name"] is None or row["arguments"] is None:
+        return None
+    for execution in executions:
+        if (id(execution) not in taken and execution["tool_name"] == row["name"]
+                and same_call.same_arguments(execution["arguments"], row["arguments"])):
+            return execution
+    return None
+
+
+def _link_stored_by_content(conn: Connection, executions: list[dict[str, Any]]) -> None:
+    """Executions without a call id, linked to a stored call of their trace with the same tool and arguments."""
     stored = conn.execute(
-        select(_CALLS.c.trace_id, _CALLS.c.tool_call_id, _CALLS.c.span_id)
+        select(_CALLS.c.id, _CALLS.c.trace_id, _CALLS.c.name, _CALLS.c.arguments)
+        .where(_CALLS.c.trace_id.in_({e["trace_id"] for e in executions}), _CALLS.c.execution_status.is_(None),
+               _CALLS.c.name.in_({e["tool_name"] for e in executions}))
+        .order_by(_CALLS.c.id)
+    ).all()
+    taken: set[int] = set()
+    updates = []
+    for execution in executions:
+        for call in stored:
+            if (call.id not in taken and call.trace_id == execution["trace_id"] and call.name == execution["tool_name"]
+                    and same_call.same_arguments(execution["arguments"], call.arguments)):
+                taken.add(call.id)
+                updates.append({"i": call.id, "s": "success" if execution["ok"] else "error", "e": execution["error"],
+                                "r": execution["result"], "x": execution["span_id"]})
+                break
+    if updates:
+        conn.execute(update(_CALLS).where(_CALLS.c.id == bindparam("i"))
+                     .values(execution_status=bindparam("s"), execution_error=bindparam("e"),
+                             execution_result=bindparam("r"), execution_span_id=bindparam("x")), updates)
+
+
+def _stored_owners(conn: Connection, first_span: dict[tuple[str, str], str]) -> dict[tuple[str, str], tuple[str, int]]:
+    """(trace, tool call id) -> the (span, call index) of the stored row that holds that call."""
+    stored = conn.execute(
+        select(_CALLS.c.trace_id, _CALLS.c.tool_call_id, _CALLS.c.span_id, _CALLS.c.call_index)
         .where(_CALLS.c.trace_id.in_({t for t, _ in first_span}), _CALLS.c.tool_call_id.is_not(None))
     ).all()
-    owner = {(r.trace_id, r.tool_call_id): r.span_id for r in stored}
-    return [row for row in rows
-            if not row["tool_call_id"]
-            or owner.get((row["trace_id"], row["tool_call_id"]), row["span_id"]) == row["span_id"]]
+    return {(r.trace_id, r.tool_call_id): (r.span_id, r.call_index) for r in stored}
 
 
 def _set_execution(row: dict[str, Any], span_id: str, ok: bool, error: str | None, result: str | None) -> None:

@@ -34,6 +34,11 @@ def _last_user(body: Mapping[str, Any]) -> str:
     return ""
 
 
+def _last_role(body: Mapping[str, Any]) -> str | None:
+    messages = body.get("messages") or [{}]
+    return messages[-1].get("role")
+
+
 def native(calls: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """`{"name", "arguments"}` calls (arguments as text, exactly as given) as OpenAI tool_calls."""
     return [{"id": f"call_{i}", "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
@@ -46,6 +51,7 @@ class ScriptedModel:
 
     model: str = "scripted-llama"
     replies: dict[str, Reply] = field(default_factory=dict)
+    after_tool: Reply | None = None  # the answer to a request whose last message is a tool result (an agent's loop)
     reviser_answers: dict[str, str] = field(default_factory=dict)  # adapter name -> what the reviser answers
     requests: list[dict[str, Any]] = field(default_factory=list)
     sent: dict[str, bytes] = field(default_factory=dict)  # the body sent for each non-streamed request
@@ -108,6 +114,8 @@ class ScriptedModel:
         else:
             key = _last_user(body)
             reply = self.replies.get(key, Reply("I have nothing scripted for that."))
+            if self.after_tool is not None and _last_role(body) == "tool":
+                reply = self.after_tool
         if reply.delay:
             await asyncio.sleep(reply.delay)
         if reply.status != 200:

@@ -139,6 +139,16 @@ def test_bare_json_and_pythonic_text_count_only_when_tools_were_offered() -> Non
     assert extract(genai_chat(assistant({"type": "text", "content": answer}), [WEATHER_SEMCONV])).calls == []
 
 
+def test_a_call_written_as_text_keeps_the_name_and_arguments_the_reader_recovers() -> None:
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    [call] = extract(genai_chat(assistant({"type": "text", "content": text}), [WEATHER_SEMCONV])).calls
+    assert (call.name, call.read_name, call.read_arguments) == (None, "get_weather", {"city": "Paris"})
+    assert verify(call.raw, call.tools).stage is Stage.PARSE  # as sent, it failed
+    # no tool list on the span: still a call, whose verdicts are unknown
+    [call] = extract(genai_chat(assistant({"type": "text", "content": text}))).calls
+    assert (call.read_name, call.tools) == ("get_weather", None)
+
+
 def test_execute_tool_span_with_error() -> None:
     found = extract(span({
         "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "get_weather", "gen_ai.tool.call.id": "call_1",
@@ -457,3 +467,57 @@ def test_classify_by_name_only_and_legal() -> None:
     assert classify_domain(review) == "legal"
     assert classify_domain(review, "Weather Data:review") == "weather"  # the name as called wins over the tool's
     assert classify_domain(None, None) is None
+
+
+def test_openllmetry_mcp_tools_list_result_and_tool_span_with_the_error_in_its_output() -> None:
+    listed = {"name": "get_weather", "description": "Weather", "inputSchema": WEATHER_PARAMS}
+    found = extract(span({"traceloop.span.kind": "task", "traceloop.entity.name": "tools/list",
+                          "traceloop.entity.input": "{}", "traceloop.entity.output": json.dumps({"tools": [listed]})},
+                         name="tools/list.mcp"))
+    assert [t.name for t in found.offered_tools or []] == ["get_weather"]
+    [execution] = extract(span({
+        "traceloop.span.kind": "tool", "traceloop.entity.name": "get_weather",
+        "traceloop.entity.input": json.dumps({"tool_name": "get_weather", "arguments": {"city": "Atlantis"}}),
+        "traceloop.entity.output": json.dumps({"result": "no station in Atlantis", "is_error": True})},
+        name="get_weather.tool")).executions
+    assert (execution.tool_name, json.loads(execution.arguments or "")) == ("get_weather", {"city": "Atlantis"})
+    assert not execution.ok and "no station in Atlantis" in (execution.error or "")
+
+
+def test_langfuse_generation_and_tool_observations() -> None:
+    found = extract(span({
+        "langfuse.observation.type": "generation", "langfuse.observation.model.name": "qwen3",
+        "langfuse.observation.input": json.dumps({"tools": [WEATHER_OPENAI], "messages": []}),
+        "langfuse.observation.output": json.dumps({"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": 3}'}}]})},
+        name="OpenAI-generation"))
+    [call] = found.calls
+    assert (call.name, call.tool_call_id, call.model, [t.name for t in call.tools or []]) == \
+        ("get_weather", "c1", "qwen3", ["get_weather"])
+    [execution] = extract(span({"langfuse.observation.type": "tool", "langfuse.observation.level": "ERROR",
+                                "langfuse.observation.input": json.dumps({"args": [], "kwargs": {"city": "X"}})},
+                               name="get_weather")).executions
+    assert (execution.tool_name, execution.arguments, execution.ok) == ("get_weather", '{"city":"X"}', False)
+
+
+def test_a_tool_error_langchain_handled_is_an_error() -> None:
+    message = {"content": "no weather station", "type": "tool", "tool_call_id": "call_9", "status": "error"}
+    [langsmith] = extract(span({"langsmith.span.kind": "tool", "gen_ai.operation.name": "execute_tool",
+                                "gen_ai.tool.name": "get_weather", "gen_ai.tool.call.id": "call_9",
+                                "gen_ai.completion": json.dumps({"output": message})})).executions
+    [openinference] = extract(span({"openinference.span.kind": "TOOL", "tool.name": "get_weather",
+                                    "input.value": "Atlantis",
+                                    "output.value": json.dumps({"type": "tool", "data": message})})).executions
+    for execution in (langsmith, openinference):
+        assert (execution.tool_call_id, execution.ok) == ("call_9", False)
+        assert "no weather station" in (execution.error or "")
+
+
+def test_openinference_langchain_llm_span_keeps_the_call_langchain_could_not_parse() -> None:
+    generation = {"generations": [[{"text": "", "message": {"lc": 1, "kwargs": {
+        "content": "", "type": "ai", "tool_calls": [], "invalid_tool_calls": [
+            {"type": "invalid_tool_call", "name": "get_weather", "args": '{"city": "Par', "id": "c2", "error": None}]}}}]]}
+    [call] = extract(span({"openinference.span.kind": "LLM", "llm.model_name": "m",
+                           "llm.output_messages.0.message.role": "assistant",
+                           "output.value": json.dumps(generation)})).calls
+    assert (call.name, call.tool_call_id, json.loads(call.raw)["arguments"]) == ("get_weather", "c2", '{"city": "Par')

@@ -7,12 +7,13 @@ import json
 
 from sqlalchemy import select
 
-from support import chat_attributes, export_request, make_span
 from tracemill.collector.decode import Limits, decode_protobuf
 from tracemill.collector.persist import SpanWriter
 from tracemill.store.engine import make_engine
 from tracemill.store.migrate import upgrade
 from tracemill.store.tables import ToolCallRow
+
+from support import chat_attributes, export_request, make_span
 
 WEATHER_MCP = {"name": "get_weather", "description": "Current weather for a city.",
                "inputSchema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
@@ -44,3 +45,54 @@ def test_a_call_is_verified_against_tools_listed_in_a_request_another_process_st
                                                                        ("get_wether", False, None)]
     assert all(r.toolset_id is not None for r in rows)
     engine.dispose()
+
+
+def _write(engine, writer: SpanWriter, spans) -> None:  # type: ignore[no-untyped-def]
+    batch = writer.prepare(decode_protobuf(export_request(spans), Limits(1 << 20)).spans)
+    with engine.begin() as conn:
+        writer.write(conn, batch)
+    writer.committed()
+
+
+def test_one_call_seen_by_a_chain_span_another_trace_and_a_tool_span_is_one_full_row(db_url: str) -> None:
+    """A chain span repeating the call (no model, no tools), then the chat model's span in the same trace, then the
+    same call in another trace (a second instrumentation), each in its own request; the tool span carries no call id."""
+    engine = make_engine(db_url)
+    upgrade(engine)
+    writer = SpanWriter(engine.dialect)
+    first, second = "a1" * 16, "b2" * 16
+    chain = {"langsmith.span.kind": "chain", "gen_ai.completion": json.dumps({"messages": [
+        {"type": "ai", "content": "", "tool_calls": [{"name": "get_weather", "args": {"city": "Paris"}, "id": "call_q8Zr2LmN4x"}]}]})}
+    call = [{"id": "call_q8Zr2LmN4x", "name": "get_weather", "arguments": {"city": "Paris"}}]
+    _write(engine, writer, [make_span(first, "01" * 8, "agent", chain)])
+    _write(engine, writer, [make_span(first, "02" * 8, "chat", chat_attributes(call), parent="01" * 8)])
+    _write(engine, writer, [make_span(second, "03" * 8, "ChatCompletion", chat_attributes(call))])
+    tool = {"traceloop.span.kind": "tool", "traceloop.entity.name": "get_weather",
+            "traceloop.entity.input": json.dumps({"args": [], "kwargs": {"city": "Paris"}}),
+            "traceloop.entity.output": json.dumps("sunny in Paris")}
+    _write(engine, writer, [make_span(first, "04" * 8, "get_weather.tool", tool, parent="01" * 8)])
+
+    with engine.connect() as conn:
+        rows = conn.execute(select(ToolCallRow)).all()
+    engine.dispose()
+    assert len(rows) == 1
+    [row] = rows
+    assert (row.trace_id, row.span_id, row.model) == (first, "01" * 8, "llama3.1-8b")
+    assert row.toolset_id is not None and (row.name_valid, row.schema_valid) == (True, True)
+    assert (row.execution_status, row.execution_result, row.execution_span_id) == \
+        ("success", '"sunny in Paris"', "04" * 8)
+
+
+def test_a_call_id_in_two_traces_is_two_calls_with_other_content_or_a_numbered_id(sqlite_url: str) -> None:
+    engine = make_engine(sqlite_url)
+    upgrade(engine)
+    writer = SpanWriter(engine.dialect)
+    sent = [("a1" * 16, "call_Xk2pQ9rT", "Paris"), ("b2" * 16, "call_Xk2pQ9rT", "Oslo"),  # same id, other content
+            ("c3" * 16, "call_0", "Rome"), ("d4" * 16, "call_0", "Rome")]  # a numbered id: the server repeats it
+    for trace, call_id, city in sent:
+        call = [{"id": call_id, "name": "get_weather", "arguments": {"city": city}}]
+        _write(engine, writer, [make_span(trace, "01" * 8, "chat", chat_attributes(call))])
+    with engine.connect() as conn:
+        cities = sorted(a["city"] for a in conn.execute(select(ToolCallRow.arguments)).scalars())
+    engine.dispose()
+    assert cities == ["Oslo", "Paris", "Rome", "Rome"]

@@ -207,6 +207,8 @@ def test_openai_client_calls_become_tool_call_rows(start_collector, sqlite_url: 
     assert native.model in ("llama3.1-8b", "llama3.1-8b-instruct") and native.harness_version == "h-7"
     # the call written into the text is stored verbatim, for the reviser
     assert text.raw.startswith("<tool_call>") and '"days": 3' in text.raw and not text.parsed
+    # ... with the tool it names and the arguments the reader recovers, so that it counts for that tool
+    assert text.name == "get_forecast" and text.arguments == {"city": "Paris", "days": 3}
     # broken JSON arguments: still a call, by name, with its raw text, and its failed execution
     assert broken.name == "get_forecast" and not broken.parsed
     assert json.loads(broken.raw)["arguments"] == '{"city": "Paris", "days": 3'
@@ -246,7 +248,7 @@ def test_async_openai_client(start_collector, sqlite_url: str, tmp_path: Path,
               TOOLS=json.dumps([WEATHER_TOOL, FORECAST_TOOL]))
     rows = stored(sqlite_url, lambda rs: len(rs) == 4)
     assert [(r.name, r.tool_call_id, r.schema_valid) for r in rows] == [
-        ("get_weather", "call_1", True), (None, None, None), ("get_forecast", "call_3", False),
+        ("get_weather", "call_1", True), ("get_forecast", None, None), ("get_forecast", "call_3", False),
         ("get_forecast", "call_4", True)]
 
 
@@ -278,7 +280,8 @@ def test_openinference_instrumented_client(start_collector, sqlite_url: str, tmp
               TOOLS=json.dumps([WEATHER_TOOL, FORECAST_TOOL]))
     rows = stored(sqlite_url, lambda rs: len(rs) == 3)
     assert [(r.name, r.tool_call_id, r.name_valid, r.schema_valid) for r in rows] == [
-        ("get_weather", "call_1", True, True), (None, None, False, None), ("get_forecast", "call_3", True, False)]
+        ("get_weather", "call_1", True, True), ("get_forecast", None, False, None),
+        ("get_forecast", "call_3", True, False)]
     assert rows[1].raw.startswith("<tool_call>")
     assert json.loads(rows[2].raw)["arguments"] == '{"city": "Paris", "days": 3'
 

@@ -1,0 +1,98 @@
+"""One tool call seen through several spans is one row: a chain span repeating its chat model's calls (LangSmith,
+OpenInference), or two instrumentations of one request (OpenInference's LangChain and OpenAI instrumentations, whose
+OpenAI spans start traces of their own). The row kept is the first one stored, filled in with what the others know
+and it does not: the model, the tools offered (and so the verdict against them), the harness version, the execution.
+
+Within a trace a tool call id is one call. Across traces it is one call only when its content (name and arguments)
+is the same too, and only an id long enough to be drawn at random (`UNIQUE_ID_CHARS`: OpenAI's, vLLM's, Anthropic's,
+Mistral's 9 characters) counts: servers that number their calls (`0`, `call_0`) repeat ids across requests. Those
+twins are found in the same request and among the calls this writer stored recently (`RecentCalls`), since the store
+has no index on the call id alone.
+
+Executions that carry no call id (OpenLLMetry's and Langfuse's tool spans) are matched to a call of their trace that
+names the same tool with the same arguments (`same_arguments`)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import orjson
+from sqlalchemy import and_, bindparam, case, func, update
+
+from tracemill.store.tables import ToolCallRow
+
+_CALLS = ToolCallRow.__table__
+VERDICT = ("toolset_id", "name", "arguments", "parsed", "name_valid", "schema_valid", "stage", "violations", "domain")
+EXECUTION = ("execution_status", "execution_error", "execution_result", "execution_span_id")
+
+
+UNIQUE_ID_CHARS = 9
+
+
+def content_key(row: dict[str, Any]) -> tuple[str | None, str | None, bytes]:
+    """What makes two rows with one call id the same call in two traces."""
+    arguments = row["arguments"]
+    body = orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS) if arguments is not None else row["raw"].encode()
+    return row["tool_call_id"], row["name"], body
+
+
+def fill(kept: dict[str, Any], other: dict[str, Any]) -> None:
+    """Give `kept` what `other` knows and it does not."""
+    for key in ("model", "harness_version"):
+        if kept[key] is None:
+            kept[key] = other[key]
+    if kept["toolset_id"] is None and other["toolset_id"] is not None:
+        kept.update({key: other[key] for key in VERDICT})
+    if kept["execution_status"] is None and other["execution_status"] is not None:
+        kept.update({key: other[key] for key in EXECUTION})
+
+
+def _new(column: str) -> Any:
+    return bindparam("n_" + column, type_=_CALLS.c[column].type)
+
+
+def _filled(column: str, when_null: str) -> Any:
+    return case((_CALLS.c[when_null].is_(None), _new(column)), else_=_CALLS.c[column])
+
+
+# `fill` applied to a stored row (found by its unique key) from a row that is not stored.
+FILL_STORED = (
+    update(_CALLS)
+    .where(and_(_CALLS.c.trace_id == bindparam("k_trace"), _CALLS.c.span_id == bindparam("k_span"),
+                _CALLS.c.call_index == bindparam("k_index")))
+    .values(
+        model=func.coalesce(_CALLS.c.model, _new("model")),
+        harness_version=func.coalesce(_CALLS.c.harness_version, _new("harness_version")),
+        # every SET reads the stored row, so these conditions see the stored toolset and execution
+        **{key: _filled(key, "toolset_id") for key in VERDICT},
+        **{key: _filled(key, "execution_status") for key in EXECUTION},
+    )
+)
+
+
+def fill_params(key: tuple[str, str, int], row: dict[str, Any]) -> dict[str, Any]:
+    return {"k_trace": key[0], "k_span": key[1], "k_index": key[2],
+            **{"n_" + k: row[k] for k in ("model", "harness_version", *VERDICT, *EXECUTION)}}
+
+
+class RecentCalls(OrderedDict[tuple[Any, ...], tuple[str, str, int]]):
+    """content_key -> (trace, span, call index) of the calls with an id this writer stored last, a bounded number."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+
+    def put(self, key: tuple[Any, ...], where: tuple[str, str, int]) -> None:
+        self[key] = where
+        if len(self) > self.size:
+            self.popitem(last=False)
+
+
+def same_arguments(execution_arguments: str | None, call_arguments: dict[str, Any] | None) -> bool:
+    if execution_arguments is None or call_arguments is None:
+        return False
+    try:
+        return orjson.loads(execution_arguments) == call_arguments
+    except orjson.JSONDecodeError:
+        return False
