@@ -13,13 +13,23 @@ from typing import Any
 from sqlalchemy import Connection, Dialect, bindparam, select, update
 
 from tracemill.collector.domains import call_domain
+from tracemill.collector.joins import (
+    Key,
+    awaits_events,
+    event_rows,
+    lock_traces,
+    stored_events,
+    stored_spans,
+    with_events,
+)
+from tracemill.collector.logs import LogEvent
 from tracemill.collector.normalize import Extracted, ExtractedCall, ExtractedExecution, extract
 from tracemill.spans import SpanRecord
 from tracemill.store.bulk import BulkInsert
 from tracemill.store.engine import insert_ignoring_duplicates
 from tracemill.store.payloads import PAYLOAD_MIN_CHARS, reference
 from tracemill.store.queries import trace_spans
-from tracemill.store.tables import PayloadRow, SpanRow, ToolCallRow, ToolExecutionRow, ToolsetRow, utcnow
+from tracemill.store.tables import LogEventRow, PayloadRow, SpanRow, ToolCallRow, ToolExecutionRow, ToolsetRow, utcnow
 from tracemill.tools import Tool, tool_index, toolset_hash
 from tracemill.verify import verify
 
@@ -77,6 +87,8 @@ class Prepared:
     # Calls whose trace offered no tools in this batch nor, as far as this writer knows, before: `write` looks for
     # the trace's tools in the store (an earlier request, maybe taken by another ingest process) and verifies again.
     unresolved: list[tuple[int, SpanRecord, Extracted, ExtractedCall]] = field(default_factory=list)
+    # Model-call spans with no output of their own: `write` joins them to their stored log events (`collector.joins`).
+    awaiting_events: list[SpanRecord] = field(default_factory=list)
 
 
 class SpanWriter:
@@ -89,6 +101,7 @@ class SpanWriter:
         self._insert_calls = BulkInsert(_CALLS, dialect)
         self._insert_executions = BulkInsert(_EXECUTIONS, dialect)
         self._insert_payloads = BulkInsert(_PAYLOADS, dialect)
+        self._insert_events = BulkInsert(LogEventRow.__table__, dialect)
         self._payloads: _Bounded = _Bounded(16384)  # digests known to be stored
         self._new_payloads: set[str] = set()
         self._toolsets: _Bounded = _Bounded(4096)  # digest -> _Toolset
@@ -110,6 +123,8 @@ class SpanWriter:
                 extracted.append((span, found))
                 if found.offered_tools:
                     self._trace_tools.put(span.trace_id, found.offered_tools)
+            if not found.calls and awaits_events(span):
+                batch.awaiting_events.append(span)
         for span, found in extracted:
             for execution in found.executions:
                 row = _execution_row(span, execution)
@@ -143,11 +158,17 @@ class SpanWriter:
             tools = looked_up[span.trace_id]
             if tools is not None:
                 rows[n], toolsets[n] = self._call_row(span, found, call, tools, rows[n]["created_at"])
-        calls = []
-        for row, toolset in zip(rows, toolsets):
-            calls.append({**row, "toolset_id": self._toolset_id(conn, toolset) if toolset else None})
-        if batch.first_span:
-            calls = _drop_stored_repeats(conn, calls, batch.first_span)
+        first_span = batch.first_span
+        if batch.awaiting_events:
+            lock_traces(conn, self.dialect, (s.trace_id for s in batch.awaiting_events))
+            events = stored_events(conn, {(s.trace_id, s.span_id) for s in batch.awaiting_events})
+            if events:
+                first_span = dict(first_span)
+                for span in batch.awaiting_events:
+                    if (span.trace_id, span.span_id) in events:
+                        self._joined_rows(conn, with_events(span, events[(span.trace_id, span.span_id)]), utcnow(),
+                                          rows, toolsets, first_span)
+        calls = self._final_calls(conn, rows, toolsets, first_span)
         linked = _link_executions(conn, calls, batch.in_batch)
 
         self._insert_payloads.execute_params(conn, batch.payload_params)
@@ -162,6 +183,51 @@ class SpanWriter:
         self._insert_executions.execute_params(conn, batch.execution_params)
         if links:
             conn.execute(_LINK_EXECUTION, links)
+
+    def write_events(self, conn: Connection, events: list[LogEvent]) -> None:
+        """Stores GenAI log events and writes the tool_calls rows of the stored spans they complete."""
+        if not events:
+            return
+        now = utcnow()
+        keys = {(e.trace_id, e.span_id) for e in events}
+        lock_traces(conn, self.dialect, (t for t, _ in keys))
+        self._insert_events.execute(conn, event_rows(events, now))
+        spans = stored_spans(conn, keys)
+        if not spans:
+            return
+        everything = stored_events(conn, {(s.trace_id, s.span_id) for s in spans})
+        rows: list[dict[str, Any]] = []
+        toolsets: list[_Toolset | None] = []
+        first_span: dict[Key, str] = {}
+        for span in spans:
+            self._joined_rows(conn, with_events(span, everything[(span.trace_id, span.span_id)]), now, rows, toolsets,
+                              first_span)
+        calls = self._final_calls(conn, rows, toolsets, first_span)
+        _link_executions(conn, calls, {})
+        self._insert_calls.execute(conn, calls)
+
+    def _joined_rows(self, conn: Connection, span: SpanRecord, now: Any, rows: list[dict[str, Any]],
+                     toolsets: list[_Toolset | None], first_span: dict[Key, str]) -> None:
+        """The call rows of a span joined to its events, added to `rows`."""
+        found = extract(span)
+        for call in found.calls:
+            if call.tool_call_id and first_span.setdefault((span.trace_id, call.tool_call_id),
+                                                           span.span_id) != span.span_id:
+                continue
+            tools = call.tools if call.tools is not None else self._stored_trace_tools(conn, span.trace_id)
+            row, toolset = self._call_row(span, found, call, tools, now)
+            rows.append(row)
+            toolsets.append(toolset)
+
+    def _final_calls(self, conn: Connection, rows: list[dict[str, Any]], toolsets: list[_Toolset | None],
+                     first_span: dict[Key, str]) -> list[dict[str, Any]]:
+        """The rows with their toolset ids, less the calls an earlier span of their trace already showed."""
+        calls = []
+        for row, toolset in zip(rows, toolsets):
+            calls.append({**row, "toolset_id": self._toolset_id(conn, toolset) if toolset else None})
+        if first_span:
+            calls = _drop_stored_repeats(conn, calls, first_span)
+        return calls
 
     def _stored_trace_tools(self, conn: Connection, trace_id: str) -> list[Tool] | None:
         """The tools last offered in a trace, from its stored spans."""

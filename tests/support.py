@@ -44,6 +44,8 @@ class CollectorProcess:
         self.workers = workers
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.grpc_port = free_port()
+        self.grpc_target = f"127.0.0.1:{self.grpc_port}"
         self.log = workdir / f"collector-{self.port}.log"
         self._env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self._workdir = workdir
@@ -52,7 +54,8 @@ class CollectorProcess:
     def start(self, timeout: float = 30.0) -> CollectorProcess:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tracemill.cli", "collector", "--port", str(self.port), "--db", self.db_url,
+                [sys.executable, "-m", "tracemill.cli", "collector", "--port", str(self.port),
+                 "--grpc-port", str(self.grpc_port), "--db", self.db_url,
                  "--workers", str(self.workers), "--log-level", "warning"],
                 cwd=self._workdir, env=self._env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
