@@ -10,24 +10,19 @@ from typing import Any
 
 import orjson
 import pytest
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
-from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 from sqlalchemy import func, select
 
 from tracemill.collector.decode import Limits, PayloadError
 from tracemill.collector.logs import decode_logs_json, decode_logs_protobuf
 from tracemill.collector.worker import WorkerConfig, _Worker
-from tracemill.otlp import any_value, key_values
 from tracemill.store.engine import make_engine
 from tracemill.store.migrate import upgrade
 from tracemill.store.tables import LogEventRow, ToolCallRow
 
-from support import export_request, make_span
+from support import CHAT_WITHOUT_OUTPUT as CHAT
+from support import export_request, logs_json, logs_request, make_span
 
 LIMITS = Limits(1 << 20)
-# What openai-v2 sends on its default path: a chat span with no content, the messages as events.
-CHAT = {"gen_ai.operation.name": "chat", "gen_ai.system": "openai", "gen_ai.request.model": "llama3.1-8b",
-        "gen_ai.response.model": "llama3.1-8b-instruct"}
 TOOL_CALLS = [
     {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
     {"id": "call_2", "type": "function", "function": {"name": "get_forecast", "arguments": '{"city": "Paris", "days'}},
@@ -43,35 +38,6 @@ def _events(trace: str, span: str) -> list[dict[str, Any]]:
                                            "message": {"role": "assistant", "tool_calls": TOOL_CALLS}}},
         {"name": "app.started", "body": "not a GenAI event"},
     ]
-
-
-def logs_request(trace: str, span: str, events: list[dict[str, Any]]) -> bytes:
-    request = ExportLogsServiceRequest()
-    scope = request.resource_logs.add().scope_logs.add()
-    for n, event in enumerate(events):
-        record = LogRecord(time_unix_nano=1_700_000_000_000_000_000 + n, trace_id=bytes.fromhex(trace),
-                           span_id=bytes.fromhex(span), event_name=event["name"], body=any_value(event["body"]))
-        record.attributes.extend(key_values({"gen_ai.system": "openai"}))
-        scope.log_records.append(record)
-    return request.SerializeToString()
-
-
-def _json_value(value: Any) -> dict[str, Any]:
-    if isinstance(value, dict):
-        return {"kvlistValue": {"values": [{"key": k, "value": _json_value(v)} for k, v in value.items()]}}
-    if isinstance(value, list):
-        return {"arrayValue": {"values": [_json_value(v) for v in value]}}
-    if isinstance(value, int):
-        return {"intValue": str(value)}
-    return {"stringValue": value}
-
-
-def logs_json(trace: str, span: str, events: list[dict[str, Any]]) -> bytes:
-    records = [{"timeUnixNano": str(1_700_000_000_000_000_000 + n), "traceId": trace, "spanId": span,
-                "eventName": e["name"], "body": _json_value(e["body"]),
-                "attributes": [{"key": "gen_ai.system", "value": {"stringValue": "openai"}}]}
-               for n, e in enumerate(events)]
-    return orjson.dumps({"resourceLogs": [{"scopeLogs": [{"logRecords": records}]}]})
 
 
 class Store:
@@ -166,15 +132,15 @@ def test_a_span_and_its_events_written_at_once_by_two_writers_are_joined(db_url:
         start = threading.Barrier(2)
         errors: list[BaseException] = []
 
-        def run(write: Any, *args: Any) -> None:
+        def run(start: threading.Barrier, errors: list[BaseException], write: Any, *args: Any) -> None:
             start.wait()
             try:
                 write(*args)
             except BaseException as exc:  # noqa: BLE001 - reported below
                 errors.append(exc)
 
-        threads = [threading.Thread(target=run, args=(store.spans, span_writer, spans)),
-                   threading.Thread(target=run, args=(store.events, event_writer, events))]
+        threads = [threading.Thread(target=run, args=(start, errors, store.spans, span_writer, spans)),
+                   threading.Thread(target=run, args=(start, errors, store.events, event_writer, events))]
         for t in threads:
             t.start()
         for t in threads:

@@ -17,9 +17,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from test_integrations import (FORECAST_TOOL, WEATHER_TOOL, ChatCompletionsServer, chat_server,  # noqa: F401
-                               run_agent, stored)
+from test_integrations import FORECAST_TOOL, WEATHER_TOOL, ChatCompletionsServer, chat_server, run_agent, stored  # noqa: F401
 
 pytestmark = pytest.mark.timeout(90)
 
