@@ -9,7 +9,7 @@ import click
 
 # name -> (module, attribute, one-line help). Add a line here to add a command.
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "collector": ("tracemill.collector.cli", "collector", "Run the OTLP/HTTP collector."),
+    "collector": ("tracemill.collector.cli", "collector", "Run the OTLP collector (HTTP and gRPC)."),
     "db": ("tracemill.store.cli", "db", "Manage the store's schema."),
     "demo": ("tracemill.demo", "demo", "Run the loop so far on SQLite and the CPU."),
     "deploy": ("tracemill.serving.cli", "deploy", "Make a reviser version active, or a canary."),

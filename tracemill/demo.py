@@ -54,7 +54,7 @@ def demo(db_path: Path, port: int | None, traces: int) -> None:
 
     console.rule(f"1. collector on {db_path.name}")
     collector = subprocess.Popen([sys.executable, "-m", "tracemill.cli", "collector", "--port", str(port),
-                                  "--db", db_url, "--log-level", "warning"])
+                                  "--grpc-port", "0", "--db", db_url, "--log-level", "warning"])
     try:
         _wait_healthy(url, collector)
         console.print(f"listening on {url}/v1/traces")
