@@ -93,7 +93,8 @@ def app_from_settings(database_url: str | None = None, ingest_processes: int | N
         max_body_bytes=settings.max_body_bytes, max_attribute_bytes=settings.max_attribute_bytes,
         max_queued_spans=settings.ingest_queue_spans, retry_after_seconds=settings.retry_after_seconds,
         max_inflight_bytes=settings.max_inflight_bytes, body_read_timeout_seconds=settings.body_read_timeout_seconds,
-        grpc_port=settings.collector_grpc_port if grpc_port is None else grpc_port, grpc_host=host or settings.collector_host,
+        grpc_port=settings.collector_grpc_port if grpc_port is None else grpc_port,
+        grpc_host=host or settings.collector_host,
     ))
 
 

@@ -73,7 +73,8 @@ def stored_events(conn: Connection, keys: set[Key]) -> dict[Key, list[LogEvent]]
         return found
     rows = conn.execute(select(_EVENTS.c.trace_id, _EVENTS.c.span_id, _EVENTS.c.event_name, _EVENTS.c.time_ns,
                                _EVENTS.c.attributes, _EVENTS.c.body)
-                        .where(_EVENTS.c.trace_id.in_({t for t, _ in keys}), _EVENTS.c.span_id.in_({s for _, s in keys}))
+                        .where(_EVENTS.c.trace_id.in_({t for t, _ in keys}),
+                               _EVENTS.c.span_id.in_({s for _, s in keys}))
                         .order_by(_EVENTS.c.id))
     for row in rows:
         key = (row.trace_id, row.span_id)

@@ -17,7 +17,8 @@ import json
 from pathlib import Path
 
 import pytest
-from test_integrations import FORECAST_TOOL, WEATHER_TOOL, ChatCompletionsServer, chat_server, run_agent, stored  # noqa: F401
+from test_integrations import FORECAST_TOOL, WEATHER_TOOL, ChatCompletionsServer, run_agent, stored
+from test_integrations import chat_server  # noqa: F401 - the fixture, used here too
 
 pytestmark = pytest.mark.timeout(90)
 
