@@ -17,8 +17,10 @@ import json
 from pathlib import Path
 
 import pytest
-from test_integrations import FORECAST_TOOL, WEATHER_TOOL, ChatCompletionsServer, run_agent, stored
-from test_integrations import chat_server  # noqa: F401 - the fixture, used here too
+import test_integrations as scripted
+from test_integrations import ChatCompletionsServer
+
+chat_server = scripted.chat_server  # the fixture, used here too
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -68,13 +70,13 @@ OPENAI_V2_AGENT = """
 
 def _run(start_collector, sqlite_url: str, tmp_path: Path, server: ChatCompletionsServer, **env: str) -> None:
     collector = start_collector(sqlite_url)
-    run_agent(OPENAI_V2_AGENT, tmp_path, COLLECTOR=collector.url, GRPC=collector.grpc_target, MODEL_URL=server.url,
-              TOOLS=json.dumps([WEATHER_TOOL, FORECAST_TOOL]), **env)
+    scripted.run_agent(OPENAI_V2_AGENT, tmp_path, COLLECTOR=collector.url, GRPC=collector.grpc_target,
+                       MODEL_URL=server.url, TOOLS=json.dumps([scripted.WEATHER_TOOL, scripted.FORECAST_TOOL]), **env)
     assert len(server.requests) == 5
 
 
 def _assert_native_calls(sqlite_url: str) -> None:
-    rows = stored(sqlite_url, lambda rs: len([r for r in rs if r.tool_call_id]) == 3)
+    rows = scripted.stored(sqlite_url, lambda rs: len([r for r in rs if r.tool_call_id]) == 3)
     native = {r.tool_call_id: r for r in rows if r.tool_call_id}
     assert sorted(native) == ["call_1", "call_3", "call_4"]
     weather, broken, streamed = native["call_1"], native["call_3"], native["call_4"]
@@ -89,7 +91,7 @@ def _assert_native_calls(sqlite_url: str) -> None:
 
 @pytest.mark.parametrize("transport, first", [("grpc", "spans"), ("http", "logs")])
 def test_openai_v2_content_in_log_events(start_collector, sqlite_url: str, tmp_path: Path,
-                                         chat_server: ChatCompletionsServer, transport: str,  # noqa: F811
+                                         chat_server: ChatCompletionsServer, transport: str,
                                          first: str) -> None:
     _run(start_collector, sqlite_url, tmp_path, chat_server, TRANSPORT=transport, FIRST=first,
          OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT="EVENT_ONLY")
@@ -97,7 +99,7 @@ def test_openai_v2_content_in_log_events(start_collector, sqlite_url: str, tmp_p
 
 
 def test_openai_v2_latest_conventions_content_on_spans(start_collector, sqlite_url: str, tmp_path: Path,
-                                                       chat_server: ChatCompletionsServer) -> None:  # noqa: F811
+                                                       chat_server: ChatCompletionsServer) -> None:
     _run(start_collector, sqlite_url, tmp_path, chat_server, TRANSPORT="http", FIRST="spans",
          OTEL_SEMCONV_STABILITY_OPT_IN="gen_ai_latest_experimental",
          OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT="SPAN_ONLY")
