@@ -50,8 +50,9 @@ class Exporter:
         if refusal:
             raise Refused(401, UNAUTHENTICATED, refusal)
 
-    async def export(self, read: Callable[[], Awaitable[bytes]], content_type: str, gzipped: bool,
-                     logs: bool = False) -> Stored:
+    async def export(
+        self, read: Callable[[], Awaitable[bytes]], content_type: str, gzipped: bool, logs: bool = False
+    ) -> Stored:
         """Reads the body with `read` once room is reserved (under overload, refusing costs next to nothing), then
         has it committed. `logs`: the body is an ExportLogsServiceRequest."""
         try:
@@ -80,8 +81,12 @@ def as_refusal(exc: Exception, what: str = "spans") -> Refused:
         return Refused(413, RESOURCE_EXHAUSTED, str(exc))
     if isinstance(exc, PayloadError):
         return Refused(400, INVALID_ARGUMENT, str(exc))
-    return Refused(503, UNAVAILABLE, f"{what} could not be stored ({exc}); retry later ({what} sent again are stored "
-                   "once)", retry=True)
+    return Refused(
+        503,
+        UNAVAILABLE,
+        f"{what} could not be stored ({exc}); retry later ({what} sent again are stored once)",
+        retry=True,
+    )
 
 
 def summary(reasons: list[str]) -> str:

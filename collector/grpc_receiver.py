@@ -33,14 +33,20 @@ Handler = Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]
 
 async def start_grpc(exporter: Exporter, inflight: InFlight, host: str, port: int, max_bytes: int) -> grpc.aio.Server:
     """Listens on host:port and serves until `stop`; OSError when the port cannot be had."""
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", max_bytes),
-                                      ("grpc.max_send_message_length", 4 * 1024 * 1024)])
-    handlers = {_TRACES: _export_handler(exporter, inflight, logs=False),
-                _LOGS: _export_handler(exporter, inflight, logs=True),
-                _METRICS: _metrics_handler(exporter)}
-    server.add_generic_rpc_handlers([
-        grpc.method_handlers_generic_handler(service, {"Export": grpc.unary_unary_rpc_method_handler(handler)})
-        for service, handler in handlers.items()])
+    server = grpc.aio.server(
+        options=[("grpc.max_receive_message_length", max_bytes), ("grpc.max_send_message_length", 4 * 1024 * 1024)]
+    )
+    handlers = {
+        _TRACES: _export_handler(exporter, inflight, logs=False),
+        _LOGS: _export_handler(exporter, inflight, logs=True),
+        _METRICS: _metrics_handler(exporter),
+    }
+    server.add_generic_rpc_handlers(
+        [
+            grpc.method_handlers_generic_handler(service, {"Export": grpc.unary_unary_rpc_method_handler(handler)})
+            for service, handler in handlers.items()
+        ]
+    )
     try:
         bound = server.add_insecure_port(f"{host}:{port}")
     except RuntimeError as exc:

@@ -41,8 +41,10 @@ def with_events(span: SpanRecord, events: list[LogEvent]) -> SpanRecord:
     messages, and the `gen_ai.*` attributes its events carry (the latest conventions' one event per call holds
     `gen_ai.output.messages` and `gen_ai.tool.definitions`), wherever the span does not say them itself."""
     added: dict[str, Any] = {}
-    choices = sorted((e for e in events if e.event_name == _CHOICE and isinstance(e.body, dict)),
-                     key=lambda e: (_choice_index(e.body), e.time_ns))
+    choices = sorted(
+        (e for e in events if e.event_name == _CHOICE and isinstance(e.body, dict)),
+        key=lambda e: (_choice_index(e.body), e.time_ns),
+    )
     messages = [e.body["message"] for e in choices if isinstance(e.body.get("message"), dict)]
     if messages:
         added["gen_ai.output.messages"] = [{"role": "assistant", **m} for m in messages]
@@ -71,11 +73,18 @@ def stored_events(conn: Connection, keys: set[Key]) -> dict[Key, list[LogEvent]]
     found: dict[Key, list[LogEvent]] = {}
     if not keys:
         return found
-    rows = conn.execute(select(_EVENTS.c.trace_id, _EVENTS.c.span_id, _EVENTS.c.event_name, _EVENTS.c.time_ns,
-                               _EVENTS.c.attributes, _EVENTS.c.body)
-                        .where(_EVENTS.c.trace_id.in_({t for t, _ in keys}),
-                               _EVENTS.c.span_id.in_({s for _, s in keys}))
-                        .order_by(_EVENTS.c.id))
+    rows = conn.execute(
+        select(
+            _EVENTS.c.trace_id,
+            _EVENTS.c.span_id,
+            _EVENTS.c.event_name,
+            _EVENTS.c.time_ns,
+            _EVENTS.c.attributes,
+            _EVENTS.c.body,
+        )
+        .where(_EVENTS.c.trace_id.in_({t for t, _ in keys}), _EVENTS.c.span_id.in_({s for _, s in keys}))
+        .order_by(_EVENTS.c.id)
+    )
     for row in rows:
         key = (row.trace_id, row.span_id)
         if key in keys:
@@ -90,5 +99,16 @@ def stored_spans(conn: Connection, keys: set[Key]) -> list[SpanRecord]:
 
 
 def event_rows(events: list[LogEvent], now: Any) -> list[dict[str, Any]]:
-    return [{"trace_id": e.trace_id, "span_id": e.span_id, "digest": e.digest(), "event_name": e.event_name,
-             "time_ns": e.time_ns, "attributes": e.attributes, "body": e.body, "received_at": now} for e in events]
+    return [
+        {
+            "trace_id": e.trace_id,
+            "span_id": e.span_id,
+            "digest": e.digest(),
+            "event_name": e.event_name,
+            "time_ns": e.time_ns,
+            "attributes": e.attributes,
+            "body": e.body,
+            "received_at": now,
+        }
+        for e in events
+    ]

@@ -54,8 +54,11 @@ class LogEvent:
 
     def digest(self) -> str:
         """The record's identity: a re-sent record is stored once."""
-        content = orjson.dumps([self.event_name, self.time_ns, self.attributes, self.body],
-                               option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS, default=str)
+        content = orjson.dumps(
+            [self.event_name, self.time_ns, self.attributes, self.body],
+            option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS,
+            default=str,
+        )
         return hashlib.sha256(content).hexdigest()
 
 
@@ -73,15 +76,24 @@ class DecodedLogs:
     def finish(self) -> DecodedLogs:
         if self.not_events:
             self.rejected += self.not_events
-            self.reasons.insert(0, f"{self.not_events} log records are not GenAI events of a span: the collector "
-                                   "stores log records named gen_ai.* that carry a trace and span id, and no others")
+            self.reasons.insert(
+                0,
+                f"{self.not_events} log records are not GenAI events of a span: the collector "
+                "stores log records named gen_ai.* that carry a trace and span id, and no others",
+            )
         return self
 
 
-def _keep(out: DecodedLogs, name: str, trace_id: str, span_id: str, time_ns: int, attributes: dict[str, Any],
-          body: Any) -> None:
-    if not name.startswith(_EVENT_PREFIX) or not trace_id or not span_id or trace_id == _ZERO_TRACE \
-            or span_id == _ZERO_SPAN:
+def _keep(
+    out: DecodedLogs, name: str, trace_id: str, span_id: str, time_ns: int, attributes: dict[str, Any], body: Any
+) -> None:
+    if (
+        not name.startswith(_EVENT_PREFIX)
+        or not trace_id
+        or not span_id
+        or trace_id == _ZERO_TRACE
+        or span_id == _ZERO_SPAN
+    ):
         out.not_events += 1
         return
     out.events.append(LogEvent(trace_id, span_id, name, time_ns, attributes, body))
@@ -148,13 +160,16 @@ def decode_logs_json(body: bytes, limits: Limits) -> DecodedLogs:
                 _expect(record, dict, where, "a log record object")
                 trace_id = _json_id(_field(record, "traceId", "trace_id"), 16, f"{where}.traceId", optional=True)
                 span_id = _json_id(_field(record, "spanId", "span_id"), 8, f"{where}.spanId", optional=True)
-                time_ns = _json_int(_field(record, "timeUnixNano", "time_unix_nano"), f"{where}.timeUnixNano") or \
-                    _json_int(_field(record, "observedTimeUnixNano", "observed_time_unix_nano"),
-                              f"{where}.observedTimeUnixNano")
+                time_ns = _json_int(
+                    _field(record, "timeUnixNano", "time_unix_nano"), f"{where}.timeUnixNano"
+                ) or _json_int(
+                    _field(record, "observedTimeUnixNano", "observed_time_unix_nano"), f"{where}.observedTimeUnixNano"
+                )
                 try:
                     attributes = _json_attributes(record.get("attributes"), limits, f"{where}.attributes")
-                    raw_name = _expect(_field(record, "eventName", "event_name", ""), str, f"{where}.eventName",
-                                       "a string")
+                    raw_name = _expect(
+                        _field(record, "eventName", "event_name", ""), str, f"{where}.eventName", "a string"
+                    )
                     name = _text(_event_name(raw_name, attributes), f"{where}.eventName")
                     if not name.startswith(_EVENT_PREFIX):
                         out.not_events += 1

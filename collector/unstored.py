@@ -20,10 +20,14 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 
 from tracemill.collector.decode import PayloadError, _expect, _json_list
 
-METRICS_DROPPED = ("Tracemill stores traces and GenAI log events, not metrics: these data points were not stored "
-                   "(send metrics to a metrics backend, or only traces and logs to Tracemill)")
-ROUTES = ("the collector takes POST /v1/traces and POST /v1/logs (OTLP, protobuf or JSON, gzip or not; gRPC on its "
-          "own port), answers POST /v1/metrics without storing it, and GET /healthz")
+METRICS_DROPPED = (
+    "Tracemill stores traces and GenAI log events, not metrics: these data points were not stored "
+    "(send metrics to a metrics backend, or only traces and logs to Tracemill)"
+)
+ROUTES = (
+    "the collector takes POST /v1/traces and POST /v1/logs (OTLP, protobuf or JSON, gzip or not; gRPC on its "
+    "own port), answers POST /v1/metrics without storing it, and GET /healthz"
+)
 
 _PB_KINDS = ("gauge", "sum", "histogram", "exponential_histogram", "summary")
 _JSON_KINDS = ("gauge", "sum", "histogram", "exponentialHistogram", "exponential_histogram", "summary")
@@ -36,9 +40,13 @@ def count_data_points(body: bytes, protobuf: bool) -> int:
             request = ExportMetricsServiceRequest.FromString(body)
         except (DecodeError, RuntimeError, ValueError) as exc:
             raise PayloadError(f"body is not a protobuf ExportMetricsServiceRequest: {exc}") from exc
-        return sum(len(getattr(metric, kind).data_points)
-                   for rm in request.resource_metrics for sm in rm.scope_metrics for metric in sm.metrics
-                   if (kind := metric.WhichOneof("data")) in _PB_KINDS)
+        return sum(
+            len(getattr(metric, kind).data_points)
+            for rm in request.resource_metrics
+            for sm in rm.scope_metrics
+            for metric in sm.metrics
+            if (kind := metric.WhichOneof("data")) in _PB_KINDS
+        )
     try:
         request = orjson.loads(body)
     except orjson.JSONDecodeError as exc:

@@ -27,15 +27,25 @@ TOOL_CALLS = [
     {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
     {"id": "call_2", "type": "function", "function": {"name": "get_forecast", "arguments": '{"city": "Paris", "days'}},
 ]
-EXECUTION = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "get_weather",
-             "gen_ai.tool.call.id": "call_1", "gen_ai.tool.call.result": "sunny"}
+EXECUTION = {
+    "gen_ai.operation.name": "execute_tool",
+    "gen_ai.tool.name": "get_weather",
+    "gen_ai.tool.call.id": "call_1",
+    "gen_ai.tool.call.result": "sunny",
+}
 
 
 def _events(trace: str, span: str) -> list[dict[str, Any]]:
     return [
         {"name": "gen_ai.user.message", "body": {"content": "Weather in Paris?"}},
-        {"name": "gen_ai.choice", "body": {"index": 0, "finish_reason": "tool_calls",
-                                           "message": {"role": "assistant", "tool_calls": TOOL_CALLS}}},
+        {
+            "name": "gen_ai.choice",
+            "body": {
+                "index": 0,
+                "finish_reason": "tool_calls",
+                "message": {"role": "assistant", "tool_calls": TOOL_CALLS},
+            },
+        },
         {"name": "app.started", "body": "not a GenAI event"},
     ]
 
@@ -66,11 +76,24 @@ class Store:
 
     def calls(self) -> list[tuple[Any, ...]]:
         with self.engine.connect() as conn:
-            return [tuple(r) for r in conn.execute(
-                select(ToolCallRow.span_id, ToolCallRow.call_index, ToolCallRow.tool_call_id, ToolCallRow.name,
-                       ToolCallRow.raw, ToolCallRow.parsed, ToolCallRow.name_valid, ToolCallRow.schema_valid,
-                       ToolCallRow.model, ToolCallRow.execution_status, ToolCallRow.execution_result)
-                .order_by(ToolCallRow.span_id, ToolCallRow.call_index))]
+            return [
+                tuple(r)
+                for r in conn.execute(
+                    select(
+                        ToolCallRow.span_id,
+                        ToolCallRow.call_index,
+                        ToolCallRow.tool_call_id,
+                        ToolCallRow.name,
+                        ToolCallRow.raw,
+                        ToolCallRow.parsed,
+                        ToolCallRow.name_valid,
+                        ToolCallRow.schema_valid,
+                        ToolCallRow.model,
+                        ToolCallRow.execution_status,
+                        ToolCallRow.execution_result,
+                    ).order_by(ToolCallRow.span_id, ToolCallRow.call_index)
+                )
+            ]
 
     def count_events(self) -> int:
         with self.engine.connect() as conn:
@@ -79,16 +102,36 @@ class Store:
 
 def _scenario(n: int) -> tuple[str, str, list[Any], bytes]:
     trace, span = f"{n + 1:032x}", f"{n + 1:016x}"
-    spans = [make_span(trace, span, "chat llama3.1-8b", CHAT),
-             make_span(trace, f"{n + 1:08x}{'e' * 8}", "execute_tool get_weather", EXECUTION, parent=span)]
+    spans = [
+        make_span(trace, span, "chat llama3.1-8b", CHAT),
+        make_span(trace, f"{n + 1:08x}{'e' * 8}", "execute_tool get_weather", EXECUTION, parent=span),
+    ]
     return trace, span, spans, logs_request(trace, span, _events(trace, span))
 
 
 EXPECTED = [
-    ("call_1", "get_weather", '{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}', True, None, None,
-     "llama3.1-8b-instruct", "success", "sunny"),
-    ("call_2", "get_forecast", '{"name": "get_forecast", "arguments": "{\\"city\\": \\"Paris\\", \\"days"}', False,
-     None, None, "llama3.1-8b-instruct", None, None),
+    (
+        "call_1",
+        "get_weather",
+        '{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}',
+        True,
+        None,
+        None,
+        "llama3.1-8b-instruct",
+        "success",
+        "sunny",
+    ),
+    (
+        "call_2",
+        "get_forecast",
+        '{"name": "get_forecast", "arguments": "{\\"city\\": \\"Paris\\", \\"days"}',
+        False,
+        None,
+        None,
+        "llama3.1-8b-instruct",
+        None,
+        None,
+    ),
 ]
 
 
@@ -111,8 +154,7 @@ def test_the_span_before_or_after_its_events_gives_the_same_rows(db_url: str) ->
     events_first = [r for r in store.calls() if r not in span_first]
 
     assert [(r[1], *r[2:]) for r in span_first] == [(r[1], *r[2:]) for r in events_first]
-    assert _without_span(span_first) == [(c, n, json.dumps(json.loads(raw)), *rest)
-                                         for c, n, raw, *rest in EXPECTED]
+    assert _without_span(span_first) == [(c, n, json.dumps(json.loads(raw)), *rest) for c, n, raw, *rest in EXPECTED]
 
     # everything again, in either order: stored once
     for n in (0, 1):
@@ -139,8 +181,10 @@ def test_a_span_and_its_events_written_at_once_by_two_writers_are_joined(db_url:
             except BaseException as exc:  # noqa: BLE001 - reported below
                 errors.append(exc)
 
-        threads = [threading.Thread(target=run, args=(start, errors, store.spans, span_writer, spans)),
-                   threading.Thread(target=run, args=(start, errors, store.events, event_writer, events))]
+        threads = [
+            threading.Thread(target=run, args=(start, errors, store.spans, span_writer, spans)),
+            threading.Thread(target=run, args=(start, errors, store.events, event_writer, events)),
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -161,14 +205,20 @@ def test_logs_requests_in_protobuf_and_json_read_the_same() -> None:
 
 
 def test_a_bad_logs_request_is_refused_saying_where() -> None:
-    body = orjson.dumps({"resourceLogs": [{"scopeLogs": [{"logRecords": [
-        {"traceId": "xyz", "spanId": "cd" * 8, "eventName": "gen_ai.choice"}]}]}]})
+    body = orjson.dumps(
+        {
+            "resourceLogs": [
+                {"scopeLogs": [{"logRecords": [{"traceId": "xyz", "spanId": "cd" * 8, "eventName": "gen_ai.choice"}]}]}
+            ]
+        }
+    )
     with pytest.raises(PayloadError, match=r"resourceLogs\[0\].scopeLogs\[0\].logRecords\[0\].traceId"):
         decode_logs_json(body, LIMITS)
     with pytest.raises(PayloadError, match="not a protobuf ExportLogsServiceRequest"):
         decode_logs_protobuf(b"\xff\xff\xff", LIMITS)
-    huge = decode_logs_json(logs_json("ab" * 16, "cd" * 8, [{"name": "gen_ai.choice", "body": "x" * 2000}]),
-                            Limits(1000))
+    huge = decode_logs_json(
+        logs_json("ab" * 16, "cd" * 8, [{"name": "gen_ai.choice", "body": "x" * 2000}]), Limits(1000)
+    )
     assert huge.events == [] and huge.rejected == 1 and "over the limit of 1000" in huge.reasons[0]
     no_span = decode_logs_json(logs_json("00" * 16, "00" * 8, [{"name": "gen_ai.choice", "body": "x"}]), LIMITS)
     assert no_span.events == [] and no_span.rejected == 1

@@ -68,10 +68,14 @@ def test_the_otel_grpc_exporter_is_acknowledged_once_spans_are_stored(start_coll
     provider = TracerProvider(resource=Resource.create({"service.name": "grpc-agent"}))
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = provider.get_tracer("tests")
-    calls = [{"id": "call_1", "name": "get_weather", "arguments": {"city": "Oslo"}},
-             {"id": "call_2", "name": "get_weather", "arguments": {"city": 7}}]
-    with tracer.start_as_current_span("agent"), tracer.start_as_current_span("chat llama3.1-8b",
-                                                                             attributes=chat_attributes(calls)):
+    calls = [
+        {"id": "call_1", "name": "get_weather", "arguments": {"city": "Oslo"}},
+        {"id": "call_2", "name": "get_weather", "arguments": {"city": 7}},
+    ]
+    with (
+        tracer.start_as_current_span("agent"),
+        tracer.start_as_current_span("chat llama3.1-8b", attributes=chat_attributes(calls)),
+    ):
         pass
     provider.shutdown()
     # the chat span ends first: its export is acknowledged with it and its two calls stored; then the agent span's
@@ -85,8 +89,16 @@ def test_grpc_refusals_and_partial_success(start_collector, sqlite_url: str) -> 
     with grpc.insecure_channel(collector.grpc_target) as channel:
         traces = channel.unary_unary(_TRACES, response_deserializer=ExportTraceServiceResponse.FromString)
         auth = (("authorization", f"Bearer {key}"),)
-        good = export_request([make_span("ab" * 16, "cd" * 8, "chat", chat_attributes(
-            [{"id": "c1", "name": "get_weather", "arguments": {"city": "Oslo"}}]))])
+        good = export_request(
+            [
+                make_span(
+                    "ab" * 16,
+                    "cd" * 8,
+                    "chat",
+                    chat_attributes([{"id": "c1", "name": "get_weather", "arguments": {"city": "Oslo"}}]),
+                )
+            ]
+        )
 
         with pytest.raises(grpc.RpcError) as refused:
             traces(good, timeout=10)
@@ -98,8 +110,9 @@ def test_grpc_refusals_and_partial_success(start_collector, sqlite_url: str) -> 
         assert "not a protobuf ExportTraceServiceRequest" in (refused.value.details() or "")
 
         with pytest.raises(grpc.RpcError) as refused:
-            traces(export_request([make_span("ab" * 16, "ef" * 8, "big", {"x": "y" * 300_000})]), metadata=auth,
-                   timeout=10)
+            traces(
+                export_request([make_span("ab" * 16, "ef" * 8, "big", {"x": "y" * 300_000})]), metadata=auth, timeout=10
+            )
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
         backwards = make_span("ab" * 16, "01" * 8, "backwards", {})
@@ -109,15 +122,34 @@ def test_grpc_refusals_and_partial_success(start_collector, sqlite_url: str) -> 
         assert answer.partial_success.rejected_spans == 0
         answer = traces(request, metadata=auth, timeout=10)
         assert answer.partial_success.rejected_spans == 1
-        assert "ends" in answer.partial_success.error_message and "before it starts" in \
-            answer.partial_success.error_message
+        assert (
+            "ends" in answer.partial_success.error_message
+            and "before it starts" in answer.partial_success.error_message
+        )
 
         logs = channel.unary_unary(_LOGS, response_deserializer=ExportLogsServiceResponse.FromString)
         trace, span = "12" * 16, "34" * 8
-        choice = [{"name": "gen_ai.choice", "body": {"index": 0, "message": {"role": "assistant", "tool_calls": [
-            {"id": "c9", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]}}}]
-        assert logs(logs_request(trace, span, choice), metadata=auth, timeout=10).partial_success.rejected_log_records \
-            == 0
+        choice = [
+            {
+                "name": "gen_ai.choice",
+                "body": {
+                    "index": 0,
+                    "message": {
+                        "role": "assistant",
+                        "tool_calls": [
+                            {
+                                "id": "c9",
+                                "type": "function",
+                                "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'},
+                            }
+                        ],
+                    },
+                },
+            }
+        ]
+        assert (
+            logs(logs_request(trace, span, choice), metadata=auth, timeout=10).partial_success.rejected_log_records == 0
+        )
         traces(export_request([make_span(trace, span, "chat", CHAT)]), metadata=auth, timeout=10)
 
         metrics = channel.unary_unary(_METRICS, response_deserializer=ExportMetricsServiceResponse.FromString)
@@ -145,29 +177,51 @@ def _metrics_request() -> bytes:
 def test_http_logs_metrics_and_other_paths(start_collector, sqlite_url: str) -> None:
     collector = start_collector(sqlite_url)
     trace, span = "56" * 16, "78" * 8
-    events = [{"name": "gen_ai.choice", "body": {"index": 0, "message": {"role": "assistant", "tool_calls": [
-        {"id": "c5", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]}}},
-        {"name": "app.ready", "body": "not a GenAI event"}]
-    answer = httpx.post(f"{collector.url}/v1/logs", content=logs_json(trace, span, events),
-                        headers={"content-type": "application/json"})
+    events = [
+        {
+            "name": "gen_ai.choice",
+            "body": {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {
+                            "id": "c5",
+                            "type": "function",
+                            "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+                        }
+                    ],
+                },
+            },
+        },
+        {"name": "app.ready", "body": "not a GenAI event"},
+    ]
+    answer = httpx.post(
+        f"{collector.url}/v1/logs", content=logs_json(trace, span, events), headers={"content-type": "application/json"}
+    )
     assert answer.status_code == 200
     partial = answer.json()["partialSuccess"]
     assert partial["rejectedLogRecords"] == "1" and "gen_ai.*" in partial["errorMessage"]
     assert _count(sqlite_url, LogEventRow) == 1  # stored before the answer
 
-    answer = httpx.post(f"{collector.url}/v1/traces", content=export_request([make_span(trace, span, "chat", CHAT)]),
-                        headers={"content-type": "application/x-protobuf"})
+    answer = httpx.post(
+        f"{collector.url}/v1/traces",
+        content=export_request([make_span(trace, span, "chat", CHAT)]),
+        headers={"content-type": "application/x-protobuf"},
+    )
     assert answer.status_code == 200 and _count(sqlite_url, ToolCallRow) == 1
 
     answer = httpx.post(f"{collector.url}/v1/logs", content=b"{", headers={"content-type": "application/json"})
     assert answer.status_code == 400 and "not valid JSON" in answer.json()["message"]
 
-    answer = httpx.post(f"{collector.url}/v1/metrics", content=_metrics_request(),
-                        headers={"content-type": "application/x-protobuf"})
+    answer = httpx.post(
+        f"{collector.url}/v1/metrics", content=_metrics_request(), headers={"content-type": "application/x-protobuf"}
+    )
     assert answer.status_code == 200
     response = ExportMetricsServiceResponse.FromString(answer.content)
-    assert response.partial_success.rejected_data_points == 3 and "not metrics" in \
-        response.partial_success.error_message
+    assert (
+        response.partial_success.rejected_data_points == 3 and "not metrics" in response.partial_success.error_message
+    )
 
     for method, path, status in (("POST", "/v1/profiles", 404), ("GET", "/v1/traces", 405), ("GET", "/", 404)):
         answer = httpx.request(method, f"{collector.url}{path}")

@@ -70,8 +70,15 @@ OPENAI_V2_AGENT = """
 
 def _run(start_collector, sqlite_url: str, tmp_path: Path, server: ChatCompletionsServer, **env: str) -> None:
     collector = start_collector(sqlite_url)
-    scripted.run_agent(OPENAI_V2_AGENT, tmp_path, COLLECTOR=collector.url, GRPC=collector.grpc_target,
-                       MODEL_URL=server.url, TOOLS=json.dumps([scripted.WEATHER_TOOL, scripted.FORECAST_TOOL]), **env)
+    scripted.run_agent(
+        OPENAI_V2_AGENT,
+        tmp_path,
+        COLLECTOR=collector.url,
+        GRPC=collector.grpc_target,
+        MODEL_URL=server.url,
+        TOOLS=json.dumps([scripted.WEATHER_TOOL, scripted.FORECAST_TOOL]),
+        **env,
+    )
     assert len(server.requests) == 5
 
 
@@ -90,17 +97,32 @@ def _assert_native_calls(sqlite_url: str) -> None:
 
 
 @pytest.mark.parametrize("transport, first", [("grpc", "spans"), ("http", "logs")])
-def test_openai_v2_content_in_log_events(start_collector, sqlite_url: str, tmp_path: Path,
-                                         chat_server: ChatCompletionsServer, transport: str,
-                                         first: str) -> None:
-    _run(start_collector, sqlite_url, tmp_path, chat_server, TRANSPORT=transport, FIRST=first,
-         OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT="EVENT_ONLY")
+def test_openai_v2_content_in_log_events(
+    start_collector, sqlite_url: str, tmp_path: Path, chat_server: ChatCompletionsServer, transport: str, first: str
+) -> None:
+    _run(
+        start_collector,
+        sqlite_url,
+        tmp_path,
+        chat_server,
+        TRANSPORT=transport,
+        FIRST=first,
+        OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT="EVENT_ONLY",
+    )
     _assert_native_calls(sqlite_url)
 
 
-def test_openai_v2_latest_conventions_content_on_spans(start_collector, sqlite_url: str, tmp_path: Path,
-                                                       chat_server: ChatCompletionsServer) -> None:
-    _run(start_collector, sqlite_url, tmp_path, chat_server, TRANSPORT="http", FIRST="spans",
-         OTEL_SEMCONV_STABILITY_OPT_IN="gen_ai_latest_experimental",
-         OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT="SPAN_ONLY")
+def test_openai_v2_latest_conventions_content_on_spans(
+    start_collector, sqlite_url: str, tmp_path: Path, chat_server: ChatCompletionsServer
+) -> None:
+    _run(
+        start_collector,
+        sqlite_url,
+        tmp_path,
+        chat_server,
+        TRANSPORT="http",
+        FIRST="spans",
+        OTEL_SEMCONV_STABILITY_OPT_IN="gen_ai_latest_experimental",
+        OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT="SPAN_ONLY",
+    )
     _assert_native_calls(sqlite_url)
