@@ -32,9 +32,25 @@ def collector(host: str | None, port: int | None, grpc_port: int | None, db_url:
     settings = get_settings()
     url = resolve_db(db_url)
     open_store(url).dispose()
+    grpc_port = settings.collector_grpc_port if grpc_port is None else grpc_port
+    if grpc_port:
+        _check_free(host or settings.collector_host, grpc_port)
     uvicorn.run(app_from_settings(url, workers, grpc_port, host), host=host or settings.collector_host,
                 port=port or settings.collector_port, log_level=log_level, access_log=False,
                 timeout_graceful_shutdown=30)
+
+
+def _check_free(host: str, port: int) -> None:
+    """Says at once, before the collector starts, that the gRPC port is taken."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise click.ClickException(f"cannot listen for OTLP/gRPC on {host}:{port} ({exc.strerror}): choose "
+                                       "another port with --grpc-port, or --grpc-port 0 for none") from None
 
 
 @click.group()

@@ -6,10 +6,12 @@ get an answer that says what the collector takes."""
 from __future__ import annotations
 
 import json
+import socket
 
 import grpc
 import httpx
 import pytest
+from click.testing import CliRunner
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
@@ -22,6 +24,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from sqlalchemy import func, select
 
+from tracemill.cli import main
 from tracemill.collector.keys import create_key
 from tracemill.store.cli import open_store
 from tracemill.store.engine import make_engine
@@ -227,3 +230,13 @@ def test_http_logs_metrics_and_other_paths(start_collector, sqlite_url: str) -> 
         answer = httpx.request(method, f"{collector.url}{path}")
         assert answer.status_code == status
         assert "POST /v1/traces and POST /v1/logs" in json.loads(answer.content)["message"]
+
+
+def test_a_taken_grpc_port_is_said_before_the_collector_starts(sqlite_url: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(main, ["collector", "--db", sqlite_url, "--port", "0", "--grpc-port", str(port)])
+    assert result.exit_code == 1
+    assert f"cannot listen for OTLP/gRPC on 127.0.0.1:{port}" in result.output and "--grpc-port 0" in result.output
