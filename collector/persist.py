@@ -167,7 +167,7 @@ class SpanWriter:
                 for span in batch.awaiting_events:
                     if (span.trace_id, span.span_id) in events:
                         self._joined_rows(conn, with_events(span, events[(span.trace_id, span.span_id)]), utcnow(),
-                                          rows, toolsets, first_span)
+                                          rows, toolsets, first_span, looked_up)
         calls = self._final_calls(conn, rows, toolsets, first_span)
         linked = _link_executions(conn, calls, batch.in_batch)
 
@@ -199,22 +199,29 @@ class SpanWriter:
         rows: list[dict[str, Any]] = []
         toolsets: list[_Toolset | None] = []
         first_span: dict[Key, str] = {}
+        looked_up: dict[str, list[Tool] | None] = {}
         for span in spans:
             self._joined_rows(conn, with_events(span, everything[(span.trace_id, span.span_id)]), now, rows, toolsets,
-                              first_span)
+                              first_span, looked_up)
         calls = self._final_calls(conn, rows, toolsets, first_span)
         _link_executions(conn, calls, {})
         self._insert_calls.execute(conn, calls)
 
     def _joined_rows(self, conn: Connection, span: SpanRecord, now: Any, rows: list[dict[str, Any]],
-                     toolsets: list[_Toolset | None], first_span: dict[Key, str]) -> None:
-        """The call rows of a span joined to its events, added to `rows`."""
+                     toolsets: list[_Toolset | None], first_span: dict[Key, str],
+                     looked_up: dict[str, list[Tool] | None]) -> None:
+        """The call rows of a span joined to its events, added to `rows`. `looked_up`: the tools each trace was
+        offered, as far as this transaction has looked (most traces of such spans state none: looked up once)."""
         found = extract(span)
         for call in found.calls:
             if call.tool_call_id and first_span.setdefault((span.trace_id, call.tool_call_id),
                                                            span.span_id) != span.span_id:
                 continue
-            tools = call.tools if call.tools is not None else self._stored_trace_tools(conn, span.trace_id)
+            tools = call.tools
+            if tools is None:
+                if span.trace_id not in looked_up:
+                    looked_up[span.trace_id] = self._stored_trace_tools(conn, span.trace_id)
+                tools = looked_up[span.trace_id]
             row, toolset = self._call_row(span, found, call, tools, now)
             rows.append(row)
             toolsets.append(toolset)
