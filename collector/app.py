@@ -1,4 +1,6 @@
-"""The OTLP/HTTP receiver (`POST /v1/traces`, `GET /healthz`), answering as the OTLP specification says.
+"""The OTLP/HTTP receiver (`POST /v1/traces`, `POST /v1/logs`, `GET /healthz`; `POST /v1/metrics` answered, not
+stored), answering as the OTLP specification says, and in its lifespan the OTLP/gRPC receiver
+(`collector.grpc_receiver`) beside it.
 
 This process reads requests and answers them; the work of a request (decoding, verifying, committing) is done by the
 ingest processes (`collector.worker`), whichever is free, so that every core works and a request never waits behind
@@ -7,7 +9,7 @@ another's decoding in a busy process."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -118,7 +120,7 @@ def create_app(config: CollectorConfig) -> Starlette:
             raise Refused(415, INVALID_ARGUMENT, f"Content-Encoding {encoding!r} is not supported: send gzip or none")
         return content_type, encoding == "gzip"
 
-    def receiver(logs: bool):  # type: ignore[no-untyped-def]
+    def receiver(logs: bool) -> Callable[[Request], Awaitable[Response]]:
         async def receive(request: Request) -> Response:
             json_body = _is_json(request.headers.get("content-type", "").split(";")[0].strip().lower())
             try:
