@@ -339,7 +339,7 @@ class Tracemill(Server):
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         return [str(TRACEMILL_BIN), "collector", "--host", "127.0.0.1", "--port", str(self.port),
-                "--db", f"sqlite:///{self.db_path}"], {}
+                "--grpc-port", str(free_port()), "--db", f"sqlite:///{self.db_path}"], {}
 
     def version(self) -> str:
         out = subprocess.run([str(TRACEMILL_BIN), "--version"], capture_output=True, text=True, check=False)

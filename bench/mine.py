@@ -63,8 +63,9 @@ def _count(engine: Engine) -> int:
 
 def _base_corpus(url: str, episodes: int) -> None:
     port = free_port()
-    collector = subprocess.Popen([sys.executable, "-m", "tracemill.cli", "collector", "--port", str(port), "--db",
-                                  url, "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    collector = subprocess.Popen([sys.executable, "-m", "tracemill.cli", "collector", "--port", str(port),
+                                  "--grpc-port", "0", "--db", url, "--workers", "1"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(200):
             try:

@@ -269,7 +269,8 @@ def main() -> None:
                 extra: list[str] = []
                 if traced:
                     c_port = free_port()
-                    collector = _start([PYTHON, "-m", "tracemill.cli", "collector", "--port", str(c_port), "--db",
+                    collector = _start([PYTHON, "-m", "tracemill.cli", "collector", "--port", str(c_port),
+                                        "--grpc-port", "0", "--db",
                                         f"sqlite:///{workdir / 'traces.db'}", "--workers", "1", "--log-level",
                                         "warning"], f"http://127.0.0.1:{c_port}/healthz", workdir, "collector")
                     extra = ["--collector", f"http://127.0.0.1:{c_port}"]

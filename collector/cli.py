@@ -10,16 +10,20 @@ from tracemill.store.cli import database_option, open_store, resolve_db
 @click.command()
 @click.option("--host", default=None, help="Interface to listen on (default 127.0.0.1).")
 @click.option("--port", type=int, default=None, help="Port (default 4318, OTLP/HTTP's).")
+@click.option("--grpc-port", type=click.IntRange(0, 65535), default=None,
+              help="OTLP/gRPC port (default 4317, OTLP/gRPC's; 0: no gRPC receiver).")
 @database_option
 @click.option("--workers", type=click.IntRange(1), default=None,
               help="Ingest processes: each decodes, verifies and commits whole requests, taking turns to write "
                    "(default: one per core, up to 8).")
 @click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]))
-def collector(host: str | None, port: int | None, db_url: str | None, workers: int | None, log_level: str) -> None:
-    """Run the OTLP/HTTP collector: POST /v1/traces (protobuf or JSON, gzip), GET /healthz.
+def collector(host: str | None, port: int | None, grpc_port: int | None, db_url: str | None, workers: int | None,
+              log_level: str) -> None:
+    """Run the OTLP collector: over HTTP, POST /v1/traces and /v1/logs (protobuf or JSON, gzip), GET /healthz; over
+    gRPC, TraceService and LogsService. Metrics are answered, not stored.
 
-    Every span is committed before it is acknowledged; re-sent spans are stored once. Limits come from
-    TRACEMILL_MAX_BODY_BYTES, TRACEMILL_MAX_ATTRIBUTE_BYTES, TRACEMILL_INGEST_QUEUE_SPANS."""
+    Every span and GenAI log event is committed before it is acknowledged; re-sent ones are stored once. Limits come
+    from TRACEMILL_MAX_BODY_BYTES, TRACEMILL_MAX_ATTRIBUTE_BYTES, TRACEMILL_INGEST_QUEUE_SPANS."""
     import uvicorn
 
     from tracemill.collector.app import app_from_settings
@@ -28,9 +32,25 @@ def collector(host: str | None, port: int | None, db_url: str | None, workers: i
     settings = get_settings()
     url = resolve_db(db_url)
     open_store(url).dispose()
-    uvicorn.run(app_from_settings(url, workers), host=host or settings.collector_host,
+    grpc_port = settings.collector_grpc_port if grpc_port is None else grpc_port
+    if grpc_port:
+        _check_free(host or settings.collector_host, grpc_port)
+    uvicorn.run(app_from_settings(url, workers, grpc_port, host), host=host or settings.collector_host,
                 port=port or settings.collector_port, log_level=log_level, access_log=False,
                 timeout_graceful_shutdown=30)
+
+
+def _check_free(host: str, port: int) -> None:
+    """Says at once, before the collector starts, that the gRPC port is taken."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise click.ClickException(f"cannot listen for OTLP/gRPC on {host}:{port} ({exc.strerror}): choose "
+                                       "another port with --grpc-port, or --grpc-port 0 for none") from None
 
 
 @click.group()

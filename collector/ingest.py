@@ -83,14 +83,16 @@ class Ingestor:
                 reservation.open = False
                 self._held_spans -= reservation.spans
 
-    async def ingest(self, body: bytes, content_type: str, gzipped: bool) -> Stored:
-        """Decode, verify and commit a body in an ingest process. Raises what `worker.ingest` raises, and NotStored
-        when an ingest process died (the pool is started afresh for the next requests)."""
+    async def ingest(self, body: bytes, content_type: str, gzipped: bool, logs: bool = False) -> Stored:
+        """Decode, verify and commit a body (spans, or with `logs` log records) in an ingest process. Raises what
+        `worker.ingest` raises, and NotStored when an ingest process died (the pool is started afresh for the next
+        requests)."""
         pool = self._pool
         if pool is None:
             raise RuntimeError("Ingestor.start was not awaited")
         try:
-            stored = await asyncio.get_running_loop().run_in_executor(pool, worker.ingest, body, content_type, gzipped)
+            stored = await asyncio.get_running_loop().run_in_executor(pool, worker.ingest, body, content_type, gzipped,
+                                                                  logs)
         except BrokenProcessPool as exc:
             self._replace(pool)
             raise NotStored(f"an ingest process stopped ({exc})") from None

@@ -14,13 +14,23 @@ from sqlalchemy import Connection, Dialect, bindparam, select, update
 
 from tracemill.collector import same_call
 from tracemill.collector.domains import call_domain
+from tracemill.collector.joins import (
+    Key,
+    awaits_events,
+    event_rows,
+    lock_traces,
+    stored_events,
+    stored_spans,
+    with_events,
+)
+from tracemill.collector.logs import LogEvent
 from tracemill.collector.normalize import Extracted, ExtractedCall, ExtractedExecution, extract
 from tracemill.spans import SpanRecord
 from tracemill.store.bulk import BulkInsert
 from tracemill.store.engine import insert_ignoring_duplicates
 from tracemill.store.payloads import PAYLOAD_MIN_CHARS, reference
 from tracemill.store.queries import trace_spans
-from tracemill.store.tables import PayloadRow, SpanRow, ToolCallRow, ToolExecutionRow, ToolsetRow, utcnow
+from tracemill.store.tables import LogEventRow, PayloadRow, SpanRow, ToolCallRow, ToolExecutionRow, ToolsetRow, utcnow
 from tracemill.tools import Tool, tool_index, toolset_hash
 from tracemill.verify import verify
 
@@ -78,6 +88,8 @@ class Prepared:
     # Calls whose trace offered no tools in this batch nor, as far as this writer knows, before: `write` looks for
     # the trace's tools in the store (an earlier request, maybe taken by another ingest process) and verifies again.
     unresolved: list[tuple[int, SpanRecord, Extracted, ExtractedCall]] = field(default_factory=list)
+    # Model-call spans with no output of their own: `write` joins them to their stored log events (`collector.joins`).
+    awaiting_events: list[SpanRecord] = field(default_factory=list)
 
 
 class SpanWriter:
@@ -90,6 +102,7 @@ class SpanWriter:
         self._insert_calls = BulkInsert(_CALLS, dialect)
         self._insert_executions = BulkInsert(_EXECUTIONS, dialect)
         self._insert_payloads = BulkInsert(_PAYLOADS, dialect)
+        self._insert_events = BulkInsert(LogEventRow.__table__, dialect)
         self._payloads: _Bounded = _Bounded(16384)  # digests known to be stored
         self._new_payloads: set[str] = set()
         self._toolsets: _Bounded = _Bounded(4096)  # digest -> _Toolset
@@ -113,6 +126,8 @@ class SpanWriter:
                 extracted.append((span, found))
                 if found.offered_tools:
                     self._trace_tools.put(span.trace_id, found.offered_tools)
+            if not found.calls and awaits_events(span):
+                batch.awaiting_events.append(span)
         for span, found in extracted:
             for execution in found.executions:
                 row = _execution_row(span, execution)
@@ -144,10 +159,17 @@ class SpanWriter:
             tools = looked_up[span.trace_id]
             if tools is not None:
                 rows[n], toolsets[n] = self._call_row(span, found, call, tools, rows[n]["created_at"])
-        calls = []
-        for row, toolset in zip(rows, toolsets):
-            calls.append({**row, "toolset_id": self._toolset_id(conn, toolset) if toolset else None})
-        calls, fills, seen_as = self._one_row_per_call(conn, calls, batch.first_span)
+        first_span = batch.first_span
+        if batch.awaiting_events:
+            lock_traces(conn, self.dialect, (s.trace_id for s in batch.awaiting_events))
+            events = stored_events(conn, {(s.trace_id, s.span_id) for s in batch.awaiting_events})
+            if events:
+                first_span = dict(first_span)
+                for span in batch.awaiting_events:
+                    if (span.trace_id, span.span_id) in events:
+                        self._joined_rows(conn, with_events(span, events[(span.trace_id, span.span_id)]), utcnow(),
+                                          rows, toolsets, first_span, looked_up)
+        calls, fills, seen_as = self._final_calls(conn, rows, toolsets, first_span)
         linked = _link_executions(conn, calls, batch.in_batch, batch.executions, seen_as)
 
         self._insert_payloads.execute_params(conn, batch.payload_params)
@@ -210,6 +232,58 @@ class SpanWriter:
             in_trace[key] = by_content[content] = row
             kept.append(row)
         return kept, fills, seen_as
+
+    def write_events(self, conn: Connection, events: list[LogEvent]) -> None:
+        """Stores GenAI log events and writes the tool_calls rows of the stored spans they complete."""
+        if not events:
+            return
+        now = utcnow()
+        keys = {(e.trace_id, e.span_id) for e in events}
+        lock_traces(conn, self.dialect, (t for t, _ in keys))
+        self._insert_events.execute(conn, event_rows(events, now))
+        spans = stored_spans(conn, keys)
+        if not spans:
+            return
+        everything = stored_events(conn, {(s.trace_id, s.span_id) for s in spans})
+        rows: list[dict[str, Any]] = []
+        toolsets: list[_Toolset | None] = []
+        first_span: dict[Key, str] = {}
+        looked_up: dict[str, list[Tool] | None] = {}
+        for span in spans:
+            self._joined_rows(conn, with_events(span, everything[(span.trace_id, span.span_id)]), now, rows, toolsets,
+                              first_span, looked_up)
+        calls, fills, seen_as = self._final_calls(conn, rows, toolsets, first_span)
+        _link_executions(conn, calls, {}, [], seen_as)
+        self._insert_calls.execute(conn, calls)
+        if fills:
+            conn.execute(same_call.FILL_STORED, [same_call.fill_params(k, row) for k, row in fills.items()])
+
+    def _joined_rows(self, conn: Connection, span: SpanRecord, now: Any, rows: list[dict[str, Any]],
+                     toolsets: list[_Toolset | None], first_span: dict[Key, str],
+                     looked_up: dict[str, list[Tool] | None]) -> None:
+        """The call rows of a span joined to its events, added to `rows`. `looked_up`: the tools each trace was
+        offered, as far as this transaction has looked (most traces of such spans state none: looked up once)."""
+        found = extract(span)
+        for call in found.calls:
+            if call.tool_call_id:
+                first_span.setdefault((span.trace_id, call.tool_call_id), span.span_id)
+            tools = call.tools
+            if tools is None:
+                if span.trace_id not in looked_up:
+                    looked_up[span.trace_id] = self._stored_trace_tools(conn, span.trace_id)
+                tools = looked_up[span.trace_id]
+            row, toolset = self._call_row(span, found, call, tools, now)
+            rows.append(row)
+            toolsets.append(toolset)
+
+    def _final_calls(self, conn: Connection, rows: list[dict[str, Any]], toolsets: list[_Toolset | None],
+                     first_span: dict[Key, str]) -> tuple[list[dict[str, Any]], dict[tuple[str, str, int],
+                                                                                    dict[str, Any]],
+                                                           dict[int, tuple[str, str]]]:
+        """The rows with their toolset ids, one per call: see `_one_row_per_call`."""
+        calls = [{**row, "toolset_id": self._toolset_id(conn, toolset) if toolset else None}
+                 for row, toolset in zip(rows, toolsets, strict=True)]
+        return self._one_row_per_call(conn, calls, first_span)
 
     def _stored_trace_tools(self, conn: Connection, trace_id: str) -> list[Tool] | None:
         """The tools last offered in a trace, from its stored spans."""

@@ -18,12 +18,16 @@ import threading
 import time
 import traceback
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+from sqlalchemy import Connection
 from sqlalchemy.exc import DataError, DBAPIError, OperationalError, SQLAlchemyError, StatementError
 
 from tracemill.collector.decode import DECODERS, Decoded, Limits, PayloadError
-from tracemill.collector.persist import Prepared, SpanWriter
+from tracemill.collector.logs import LOG_DECODERS, DecodedLogs, LogEvent
+from tracemill.collector.persist import SpanWriter
 from tracemill.spans import SpanRecord
 from tracemill.store.engine import make_engine
 from tracemill.store.errors import describe
@@ -43,7 +47,7 @@ class WorkerConfig:
 
 @dataclass(frozen=True, slots=True)
 class Stored:
-    """What the HTTP process needs to answer: the spans committed and the ones rejected, with why."""
+    """What the HTTP process needs to answer: the spans (or log records) committed and the ones rejected, with why."""
 
     spans: int
     rejected: int
@@ -69,33 +73,50 @@ class _Worker:
 
     def ingest(self, body: bytes, content_type: str, gzipped: bool) -> Stored:
         if gzipped:
-            body = _gunzip(body, self.config.max_body_bytes)
+            body = gunzip(body, self.config.max_body_bytes)
         decoded = DECODERS[content_type](body, self.limits)
-        committed = self._store(decoded.spans, decoded.places, decoded)
+        committed = self._store(decoded.spans, decoded.places, decoded, self._commit_spans)
         return Stored(committed, decoded.rejected, decoded.reasons)
 
-    def _store(self, spans: list[SpanRecord], places: list[str], out: Decoded) -> int:
-        """Commits `spans` and returns how many were. When their values are what fails (the store refuses them, or
-        their rows cannot be built), writing them again would fail again: the batch is halved until the spans at
-        fault are found, and only those are rejected (in `out`)."""
-        if not spans:
+    def ingest_logs(self, body: bytes, content_type: str, gzipped: bool) -> Stored:
+        if gzipped:
+            body = gunzip(body, self.config.max_body_bytes)
+        decoded = LOG_DECODERS[content_type](body, self.limits)
+        places = [f"log record of span {e.span_id} in trace {e.trace_id}" for e in decoded.events]
+        committed = self._store(decoded.events, places, decoded, self._commit_events)
+        return Stored(committed, decoded.rejected, decoded.reasons)
+
+    def _commit_spans(self, spans: list[SpanRecord]) -> None:
+        batch = self.writer.prepare(spans)
+        self._commit(lambda conn: self.writer.write(conn, batch))
+
+    def _commit_events(self, events: list[LogEvent]) -> None:
+        self._commit(lambda conn: self.writer.write_events(conn, events))
+
+    def _store(self, items: list[Any], places: list[str], out: Decoded | DecodedLogs,
+               commit: Callable[[list[Any]], None]) -> int:
+        """Commits `items` (spans or log events) and returns how many were. When their values are what fails (the
+        store refuses them, or their rows cannot be built), writing them again would fail again: the batch is halved
+        until the items at fault are found, and only those are rejected (in `out`)."""
+        if not items:
             return 0
         try:
-            self._commit(self.writer.prepare(spans))
-            return len(spans)
+            commit(items)
+            return len(items)
         except Exception as exc:
             if not _caused_by_data(exc):
-                log.error("request of %d spans not stored: %s", len(spans), describe(exc))
+                log.error("request of %d spans or log records not stored: %s", len(items), describe(exc))
                 raise NotStored(type(exc).__name__) from None
-            if len(spans) > 1:
-                half = len(spans) // 2
-                return self._store(spans[:half], places[:half], out) + self._store(spans[half:], places[half:], out)
+            if len(items) > 1:
+                half = len(items) // 2
+                return (self._store(items[:half], places[:half], out, commit)
+                        + self._store(items[half:], places[half:], out, commit))
             frame = traceback.extract_tb(exc.__traceback__)[-1]
             log.warning("%s rejected: %s (raised at %s:%d)", places[0], describe(exc), frame.filename, frame.lineno)
             out.reject(f"{places[0]}: the store cannot keep one of its values ({type(exc).__name__})")
             return 0
 
-    def _commit(self, batch: Prepared) -> None:
+    def _commit(self, write: Callable[[Connection], None]) -> None:
         for attempt in range(5):
             try:
                 with self.lock.held(), self.engine.begin() as conn:
@@ -103,7 +124,7 @@ class _Worker:
                         # Take SQLite's write lock now: a transaction that has read cannot write after another
                         # process's commit.
                         conn.exec_driver_sql("BEGIN IMMEDIATE")
-                    self.writer.write(conn, batch)
+                    write(conn)
             except OperationalError as exc:
                 self.writer.rolled_back()
                 if attempt == 4 or "locked" not in str(exc).lower():
@@ -162,10 +183,13 @@ def ready() -> int:
     return 0
 
 
-def ingest(body: bytes, content_type: str, gzipped: bool) -> Stored:
-    """Decode, verify and commit one request body. Raises PayloadError (400), BodyTooLarge (413) or NotStored."""
+def ingest(body: bytes, content_type: str, gzipped: bool, logs: bool = False) -> Stored:
+    """Decode, verify and commit one request body (spans, or with `logs` log records). Raises PayloadError (400),
+    BodyTooLarge (413) or NotStored."""
     if _worker is None:
         raise RuntimeError("worker.start was not called in this process")
+    if logs:
+        return _worker.ingest_logs(body, content_type, gzipped)
     return _worker.ingest(body, content_type, gzipped)
 
 
@@ -178,7 +202,7 @@ def _caused_by_data(exc: Exception) -> bool:
     return not isinstance(exc, (SQLAlchemyError, OSError, MemoryError))
 
 
-def _gunzip(body: bytes, limit: int) -> bytes:
+def gunzip(body: bytes, limit: int) -> bytes:
     """Every member of a gzip body, in order (RFC 1952 allows several), within `limit` bytes decompressed."""
     members: list[bytes] = []
     size, rest = 0, body

@@ -16,12 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from sqlalchemy import Engine, text
 
 from tracemill.net import free_port
-from tracemill.otlp import key_values
+from tracemill.otlp import any_value, key_values
 
 WEATHER_TOOLS = [
     {"type": "function", "function": {
@@ -44,6 +47,8 @@ class CollectorProcess:
         self.workers = workers
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.grpc_port = free_port()
+        self.grpc_target = f"127.0.0.1:{self.grpc_port}"
         self.log = workdir / f"collector-{self.port}.log"
         self._env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self._workdir = workdir
@@ -52,7 +57,8 @@ class CollectorProcess:
     def start(self, timeout: float = 30.0) -> CollectorProcess:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tracemill.cli", "collector", "--port", str(self.port), "--db", self.db_url,
+                [sys.executable, "-m", "tracemill.cli", "collector", "--port", str(self.port),
+                 "--grpc-port", str(self.grpc_port), "--db", self.db_url,
                  "--workers", str(self.workers), "--log-level", "warning"],
                 cwd=self._workdir, env=self._env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
@@ -101,6 +107,11 @@ def export_request(spans: list[Span], resource: Mapping[str, Any] | None = None)
     ss.scope.name = "tests"
     ss.spans.extend(spans)
     return request.SerializeToString()
+
+
+# A chat span as OpenTelemetry's openai-v2 sends it when the messages go in log events: no output on it.
+CHAT_WITHOUT_OUTPUT = {"gen_ai.operation.name": "chat", "gen_ai.system": "openai",
+                       "gen_ai.request.model": "llama3.1-8b", "gen_ai.response.model": "llama3.1-8b-instruct"}
 
 
 def chat_attributes(calls: list[dict[str, Any]], tools: list[dict[str, Any]] = WEATHER_TOOLS,
@@ -221,3 +232,33 @@ def refused_connections(admin: Engine, database: str) -> Iterator[None]:
     finally:
         with admin.connect() as conn:
             conn.execute(text(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true'))
+
+
+def logs_request(trace: str, span: str, events: list[dict[str, Any]]) -> bytes:
+    """An OTLP logs request (protobuf): each event `{"name", "body"}` a log record of the span."""
+    request = ExportLogsServiceRequest()
+    scope = request.resource_logs.add().scope_logs.add()
+    for n, event in enumerate(events):
+        record = LogRecord(time_unix_nano=1_700_000_000_000_000_000 + n, trace_id=bytes.fromhex(trace),
+                           span_id=bytes.fromhex(span), event_name=event["name"], body=any_value(event["body"]))
+        record.attributes.extend(key_values({"gen_ai.system": "openai"}))
+        scope.log_records.append(record)
+    return request.SerializeToString()
+
+
+def _json_any_value(value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return {"kvlistValue": {"values": [{"key": k, "value": _json_any_value(v)} for k, v in value.items()]}}
+    if isinstance(value, list):
+        return {"arrayValue": {"values": [_json_any_value(v) for v in value]}}
+    if isinstance(value, int):
+        return {"intValue": str(value)}
+    return {"stringValue": value}
+
+
+def logs_json(trace: str, span: str, events: list[dict[str, Any]]) -> bytes:
+    records = [{"timeUnixNano": str(1_700_000_000_000_000_000 + n), "traceId": trace, "spanId": span,
+                "eventName": e["name"], "body": _json_any_value(e["body"]),
+                "attributes": [{"key": "gen_ai.system", "value": {"stringValue": "openai"}}]}
+               for n, e in enumerate(events)]
+    return orjson.dumps({"resourceLogs": [{"scopeLogs": [{"logRecords": records}]}]})

@@ -5,6 +5,7 @@ place, and a filter value no call has is said, not read as "nothing there"."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -86,5 +87,9 @@ def test_a_filter_value_no_call_has_is_named(db_url: str) -> None:
     figures = json.loads(result.output)
     assert figures["total_calls"] == 9 and figures["valid_tool_name_rate"] == pytest.approx(6 / 9)
     assert figures["input_schema_compliance"] == pytest.approx(3 / 6)
+    # no call has a known execution: the execution figures are unknown, not 0 % success and 100 % failure
+    assert figures["execution_success_rate"] is None and figures["valid_call_failure_rate"] is None
+    table = CliRunner().invoke(main, ["stats", "--db", db_url, "--by", "model"], terminal_width=200).output
+    assert table.count("unknown") == 6 and not re.search(r"(?<![\d.])(0|100)\.0%", table)
     result = CliRunner().invoke(main, ["stats", "--db", db_url, "--since", "tomorrow"])
     assert result.exit_code == 2 and "'tomorrow' is not a date" in result.output

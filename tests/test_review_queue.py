@@ -163,9 +163,10 @@ def test_a_low_confidence_revision_by_the_sidecar_waits_with_the_sidecars_call( 
     import time
 
     from openai import OpenAI
-    from scripted_model import Reply, ScriptedModel, ServerThread, native
+    from scripted_model import Reply, ScriptedModel, native
 
     import tracemill.sdk as tm
+    from tracemill.net import ServerThread
     from tracemill.serving.app import ServeConfig, create_app
     from tracemill.store.tables import SpanRow, ToolCallRow
 

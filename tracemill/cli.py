@@ -9,7 +9,7 @@ import click
 
 # name -> (module, attribute, one-line help). Add a line here to add a command.
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "collector": ("tracemill.collector.cli", "collector", "Run the OTLP/HTTP collector."),
+    "collector": ("tracemill.collector.cli", "collector", "Run the OTLP collector (HTTP and gRPC)."),
     "cycle": ("tracemill.cycle.cli", "cycle", "Mine, decide, train, gate and deploy a reviser: one cycle, or --every."),
     "db": ("tracemill.store.cli", "db", "Manage the store's schema."),
     "demo": ("tracemill.demo.cli", "demo", "The whole loop on SQLite and the CPU: sidecar, mine, train, deploy."),

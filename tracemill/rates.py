@@ -1,8 +1,8 @@
-"""Rates as MCP-Bench reports them: a share of what was counted, unknown (None, shown as "—") where nothing was."""
+"""Rates as MCP-Bench reports them: a share of what was counted, unknown (None, shown as "unknown") where nothing was."""
 
 from __future__ import annotations
 
-UNKNOWN = "—"
+UNKNOWN = "unknown"
 
 
 def rate(numerator: int, denominator: int) -> float | None:

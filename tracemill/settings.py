@@ -64,6 +64,7 @@ class Settings(BaseSettings):
 
     collector_host: str = "127.0.0.1"
     collector_port: int = 4318
+    collector_grpc_port: int = Field(default=4317, ge=0, description="OTLP/gRPC port; 0: no gRPC receiver")
     collector_workers: int = Field(default_factory=lambda: min(os.cpu_count() or 1, 8), ge=1,
                                    description="collector ingest processes (default: one per core, up to 8)")
     max_body_bytes: int = Field(default=32 * 1024 * 1024, description="requests larger than this get 413")

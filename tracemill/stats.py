@@ -6,7 +6,8 @@
   parsed or named a tool that was not offered cannot have run: it counts as a failure.
 - valid_call_failure_rate: valid-name calls that failed to run / valid-name calls whose outcome is known (arguments
   that could not be parsed count as a failure, as above)
-A rate with nothing to divide by is null.
+A rate with nothing to divide by is null; so are both execution rates while no call they count has a known execution
+(a store that holds no execution data at all says nothing about executions, not that every call failed).
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ _COLUMNS = (
     _count(C.name_valid.is_(True)).label("valid_name"),
     _count(and_(C.name_valid.is_(True), C.schema_valid.is_(True))).label("compliant"),
     _count(_OUTCOME_KNOWN).label("outcome_known"),
+    _count(C.execution_status.is_not(None)).label("executed"),
     _count(C.execution_status == "success").label("succeeded"),
+    _count(and_(C.name_valid.is_(True), C.execution_status.is_not(None))).label("valid_executed"),
     _count(and_(C.name_valid.is_(True), _OUTCOME_KNOWN)).label("valid_known"),
     _count(and_(C.name_valid.is_(True), or_(C.execution_status == "error", _CANNOT_RUN))).label("valid_failed"),
 )
@@ -58,8 +61,8 @@ def _metrics(row: Any) -> Metrics:
     return Metrics(
         valid_tool_name_rate=rate(row.valid_name, row.named),
         input_schema_compliance=rate(row.compliant, row.valid_name),
-        execution_success_rate=rate(row.succeeded, row.outcome_known),
-        valid_call_failure_rate=rate(row.valid_failed, row.valid_known),
+        execution_success_rate=rate(row.succeeded, row.outcome_known) if row.executed else None,
+        valid_call_failure_rate=rate(row.valid_failed, row.valid_known) if row.valid_executed else None,
         total_calls=row.total,
     )
 

@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from scripted_model import Reply, ScriptedModel, ServerThread
+from scripted_model import Reply, ScriptedModel
 from sqlalchemy import select
 
+from tracemill.net import ServerThread
 from tracemill.store.engine import make_engine
 from tracemill.store.tables import ToolCallRow, ToolsetRow
 

@@ -56,7 +56,8 @@ class Demo:
         with self.step("1. the collector, a weak model server and the reviser sidecar in front of it"):
             self.processes.start("tiny-model", "tiny-model", "--out", str(self.folder / "tiny"))
             collector = f"http://127.0.0.1:{free_port()}"
-            self.processes.start("collector", "collector", "--port", collector.rsplit(":", 1)[1], "--db", self.db,
+            self.processes.start("collector", "collector", "--port", collector.rsplit(":", 1)[1], "--grpc-port", "0",
+                                 "--db", self.db,
                                  "--workers", "1", "--log-level", "warning")
             self.processes.wait_healthy("collector", collector)
             weak = WeakModel(s.profile, s.harness_version, s.seed)

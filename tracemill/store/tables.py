@@ -333,3 +333,24 @@ class LockRow(Base):
     holder: Mapped[str] = mapped_column(Text)  # host:pid:token
     acquired_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class LogEventRow(Base):
+    """A GenAI event (`gen_ai.*`) sent as an OTLP log record, kept with the span it belongs to: instrumentations such
+    as OpenTelemetry's openai-v2 put the model's messages there rather than on the span. Whichever of the span and its
+    events arrives second makes the span's tool_calls rows (`collector.joins`). Idempotent on the record's content."""
+
+    __tablename__ = "log_events"
+    __table_args__ = (
+        UniqueConstraint("trace_id", "span_id", "digest", name="uq_log_events_trace_span_digest"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    trace_id: Mapped[str] = mapped_column(String(32))
+    span_id: Mapped[str] = mapped_column(String(16))
+    digest: Mapped[str] = mapped_column(String(64))  # sha256 of the record as decoded: a re-sent record is one row
+    event_name: Mapped[str] = mapped_column(Text)
+    time_ns: Mapped[int] = mapped_column(BigInteger)
+    attributes: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    body: Mapped[Any] = mapped_column(JSONType, nullable=True)  # the record's body (AnyValue) decoded
+    received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
