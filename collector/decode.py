@@ -313,12 +313,17 @@ def _json_list(obj: Mapping[str, Any], camel: str, snake: str, where: str) -> li
     return _expect(_field(obj, camel, snake, []) or [], list, f"{where}.{camel}", "a list")
 
 
-def decode_json(body: bytes, limits: Limits) -> Decoded:
+def json_request(body: bytes, message: str) -> dict[str, Any]:
+    """An OTLP/JSON body decoded: an object, the export request `message` names. Raises PayloadError."""
     try:
         request = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise PayloadError(f"body is not valid JSON: {exc}") from exc
-    _expect(request, dict, "body", "an ExportTraceServiceRequest object")
+    return _expect(request, dict, "body", f"an {message} object")
+
+
+def decode_json(body: bytes, limits: Limits) -> Decoded:
+    request = json_request(body, "ExportTraceServiceRequest")
     out = Decoded()
     for i, rs in enumerate(_json_list(request, "resourceSpans", "resource_spans", "body")):
         rs_where = f"resourceSpans[{i}]"

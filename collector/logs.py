@@ -34,6 +34,7 @@ from tracemill.collector.decode import (
     _pb_value,
     _text,
     _time,
+    json_request,
 )
 
 _EVENT_PREFIX = "gen_ai."
@@ -143,11 +144,7 @@ def decode_logs_protobuf(body: bytes, limits: Limits) -> DecodedLogs:
 
 
 def decode_logs_json(body: bytes, limits: Limits) -> DecodedLogs:
-    try:
-        request = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise PayloadError(f"body is not valid JSON: {exc}") from exc
-    _expect(request, dict, "body", "an ExportLogsServiceRequest object")
+    request = json_request(body, "ExportLogsServiceRequest")
     out = DecodedLogs()
     for i, rl in enumerate(_json_list(request, "resourceLogs", "resource_logs", "body")):
         rl_where = f"resourceLogs[{i}]"

@@ -18,7 +18,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
-from tracemill.collector.decode import PayloadError, _expect, _json_list
+from tracemill.collector.decode import PayloadError, _expect, _json_list, json_request
 
 METRICS_DROPPED = (
     "Tracemill stores traces and GenAI log events, not metrics: these data points were not stored "
@@ -47,11 +47,7 @@ def count_data_points(body: bytes, protobuf: bool) -> int:
             for metric in sm.metrics
             if (kind := metric.WhichOneof("data")) in _PB_KINDS
         )
-    try:
-        request = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise PayloadError(f"body is not valid JSON: {exc}") from exc
-    _expect(request, dict, "body", "an ExportMetricsServiceRequest object")
+    request = json_request(body, "ExportMetricsServiceRequest")
     points = 0
     for i, rm in enumerate(_json_list(request, "resourceMetrics", "resource_metrics", "body")):
         _expect(rm, dict, f"resourceMetrics[{i}]", "an object")

@@ -3,13 +3,12 @@ gate a candidate must pass to be deployed."""
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from tracemill.reviser_prompt import PromptSettings
-from tracemill.trainer.config import ConfigError, TrainConfig, parse_config
+from tracemill.trainer.config import ConfigError, TrainConfig, parse_config, read_toml
 
 # model.base and data.dataset are set by each cycle; a config needs them to be whole, so these stand in until then
 _PER_CYCLE = {"model": {"base": "(the cycle's base model)"}, "data": {"dataset": "(the cycle's dataset)"}}
@@ -101,12 +100,7 @@ def load_settings(path: Path, store: str, overrides: dict[str, Any] | None = Non
     (`Mining`'s keys and the prompt settings) and any section of a train config. `overrides` (the command line's
     options, None where not given) win over the file. Raises ConfigError naming the file and the key."""
     source = str(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read it ({exc.strerror})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    data = read_toml(path)
     cycle = {**data.pop("cycle", {}), **{k: v for k, v in (overrides or {}).items() if v is not None}}
     mining = data.pop("mine", {})
     allowed = _CYCLE_KEYS | set(Decision.__dataclass_fields__) | set(Gate.__dataclass_fields__)

@@ -176,12 +176,16 @@ def parse_config(data: dict[str, Any], folder: Path, source: str) -> TrainConfig
     return config.resolve(folder)
 
 
-def load_config(path: Path) -> TrainConfig:
-    """The config in a TOML file. Raises ConfigError."""
+def read_toml(path: Path) -> dict[str, Any]:
+    """A TOML file's tables. Raises ConfigError naming the file when it cannot be read or is not TOML."""
     try:
-        data = tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text())
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read it ({exc.strerror})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc})") from None
-    return parse_config(data, path.parent.resolve(), str(path))
+
+
+def load_config(path: Path) -> TrainConfig:
+    """The config in a TOML file. Raises ConfigError."""
+    return parse_config(read_toml(path), path.parent.resolve(), str(path))

@@ -4,7 +4,7 @@ real collector with the real OTLP exporters, and the calls land as tool_calls ro
 With content captured as events (`EVENT_ONLY`), the instrumentation puts the model's messages in one log event per
 call (`gen_ai.client.inference.operation.details`) sent to `/v1/logs`, apart from its span: whichever arrives first,
 the rows are the same. With span-only content (`SPAN_ONLY`) the messages are on the span. Either way the
-instrumentation does not record the tools offered, so the calls are stored with unknown name and schema verdicts.
+instrumentation does not record the tools offered, so the calls (the one written as text too) are stored with unknown name and schema verdicts.
 
 openai-v2 2.4b0 runs only with opentelemetry-util-genai 1.0b0 or 1.1b0 (1.2b0 renamed a module it imports), which
 always use the latest experimental conventions; the older conventions' `gen_ai.choice` events are read too
@@ -82,9 +82,13 @@ def _run(start_collector, sqlite_url: str, tmp_path: Path, server: ChatCompletio
     assert len(server.requests) == 5
 
 
-def _assert_native_calls(sqlite_url: str) -> None:
-    rows = scripted.stored(sqlite_url, lambda rs: len([r for r in rs if r.tool_call_id]) == 3)
+def _assert_calls(sqlite_url: str) -> None:
+    rows = scripted.stored(sqlite_url, lambda rs: len(rs) == 4)
     native = {r.tool_call_id: r for r in rows if r.tool_call_id}
+    # the call written as text: its name and arguments recovered, failed as sent, the tools it was offered unknown
+    (text,) = [r for r in rows if not r.tool_call_id]
+    assert (text.name, text.arguments, text.name_valid) == ("get_forecast", {"city": "Paris", "days": 3}, None)
+    assert "<tool_call>" in text.raw
     assert sorted(native) == ["call_1", "call_3", "call_4"]
     weather, broken, streamed = native["call_1"], native["call_3"], native["call_4"]
     assert (weather.name, weather.parsed, weather.arguments) == ("get_weather", True, {"city": "Paris"})
@@ -109,7 +113,7 @@ def test_openai_v2_content_in_log_events(
         FIRST=first,
         OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT="EVENT_ONLY",
     )
-    _assert_native_calls(sqlite_url)
+    _assert_calls(sqlite_url)
 
 
 def test_openai_v2_latest_conventions_content_on_spans(
@@ -125,4 +129,4 @@ def test_openai_v2_latest_conventions_content_on_spans(
         OTEL_SEMCONV_STABILITY_OPT_IN="gen_ai_latest_experimental",
         OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT="SPAN_ONLY",
     )
-    _assert_native_calls(sqlite_url)
+    _assert_calls(sqlite_url)
