@@ -25,6 +25,7 @@ import os
 import platform
 import queue
 import random
+import re
 import shutil
 import signal
 import sqlite3
@@ -58,6 +59,7 @@ MODELS = ("llama-3.1-8b-instruct", "gemma-3-27b-it", "qwen2.5-7b-instruct", "mis
 TOOL_ROUNDS = 3  # per trace: invoke_agent + 3 x (chat -> execute_tool) + final chat = 8 spans
 SPANS_PER_TRACE = 2 + 2 * TOOL_ROUNDS
 BROKEN_SHARE = 0.25
+CALL_ID_TAIL = "0" * 8
 DEFAULT_RETRY_AFTER_S = 1.0
 MB = 1024 * 1024
 
@@ -124,7 +126,7 @@ def _trace_spans(trace_id: bytes, span_ids: list[bytes], toolset: list[Tool], se
 
     for _ in range(TOOL_ROUNDS):
         tool = rng.choice(toolset)
-        call_id = f"call_{rng.getrandbits(64):016x}"
+        call_id = f"call_{rng.getrandbits(32):08x}{CALL_ID_TAIL}"  # the tail made unique per request (Bodies.body)
         args = _arguments(tool)
         broken = rng.random() < BROKEN_SHARE
         name, raw = _break(tool.name, args, rng) if broken else (tool.name, orjson.dumps(args).decode())
@@ -159,12 +161,15 @@ def _trace_spans(trace_id: bytes, span_ids: list[bytes], toolset: list[Tool], se
 class Template:
     body: bytes
     offsets: tuple[int, ...]  # where the last 4 bytes of every trace id and span id occurrence sit in `body`
+    call_offsets: tuple[int, ...]  # where the last 8 characters of every tool call id occurrence sit
     times: tuple[tuple[int, int], ...]  # (where, nanoseconds before the send) of every span start and end time
 
 
 class Bodies:
     """OTLP ExportTraceServiceRequest bodies encoded once; `body(seq)` gives request `seq` unique ids by writing `seq`
-    into the last 4 bytes of every trace id and span id (the first 12 / 4 bytes are random and distinct per span), and
+    into the last 4 bytes of every trace id and span id (the first 12 / 4 bytes are random and distinct per span) and
+    into the last 8 characters of every tool call id (a model server draws them at random: no two requests share one),
+    and
     times relative to when it is sent: each agent run ended 0-5 s before (the SDK's batch delay), as a live
     exporter's spans do."""
 
@@ -207,6 +212,8 @@ class Bodies:
                     pos = body.find(ident, pos + 1)
             if len(offsets) != 2 * spans_per_request + (SPANS_PER_TRACE - 1) * traces:
                 raise RuntimeError("span or trace id bytes found in an unexpected place; change --seed")
+            call_offsets = tuple(m.end() - len(CALL_ID_TAIL)
+                                 for m in re.finditer(rb"call_[0-9a-f]{8}" + CALL_ID_TAIL.encode(), body))
             times: list[tuple[int, int]] = []
             pos = 0
             for span in spans:  # fixed64 fields 7 and 8 of Span, in the order they are encoded
@@ -215,7 +222,7 @@ class Bodies:
                     if pos <= 0:
                         raise RuntimeError("a span time not found in its body")
                     times.append((pos, value - now))
-            self.templates.append(Template(body, tuple(offsets), tuple(times)))
+            self.templates.append(Template(body, tuple(offsets), call_offsets, tuple(times)))
 
     def body(self, seq: int) -> bytearray:
         template = self.templates[seq % len(self.templates)]
@@ -223,6 +230,9 @@ class Bodies:
         tail = (seq + 1).to_bytes(4, "big")
         for off in template.offsets:
             buf[off:off + 4] = tail
+        call_tail = f"{seq + 1:08x}".encode()
+        for off in template.call_offsets:
+            buf[off:off + 8] = call_tail
         now = time.time_ns()
         for off, relative in template.times:
             struct.pack_into("<Q", buf, off, now + relative)
