@@ -315,6 +315,7 @@ class SpanWriter:
             "model": call.model, "harness_version": found.harness_version,
             "domain": call_domain(found.declared_domain, verdict.tool, call.name or call.read_name),
             "repairs_id": None, "start_time_ns": span.start_time_ns, "created_at": now,
+            "service": span.resource.get("service.name"),  # not a column: what `same_call.content_key` reads
         }, toolset
 
     def _toolset(self, tools: list[Tool]) -> _Toolset:

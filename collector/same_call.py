@@ -30,11 +30,13 @@ EXECUTION = ("execution_status", "execution_error", "execution_result", "executi
 UNIQUE_ID_CHARS = 9
 
 
-def content_key(row: dict[str, Any]) -> tuple[str | None, str | None, bytes]:
-    """What makes two rows with one call id the same call in two traces."""
+def content_key(row: dict[str, Any]) -> tuple[Any, str | None, str | None, bytes]:
+    """What makes two rows with one call id the same call in two traces: the same service too, since two
+    instrumentations of one agent share its resource, while a proxy that traces what it relayed (the reviser sidecar)
+    is a service of its own whose rows are its record, not the agent's."""
     arguments = row["arguments"]
     body = orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS) if arguments is not None else row["raw"].encode()
-    return row["tool_call_id"], row["name"], body
+    return row["service"], row["tool_call_id"], row["name"], body
 
 
 def fill(kept: dict[str, Any], other: dict[str, Any]) -> None:

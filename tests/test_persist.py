@@ -47,8 +47,9 @@ def test_a_call_is_verified_against_tools_listed_in_a_request_another_process_st
     engine.dispose()
 
 
-def _write(engine, writer: SpanWriter, spans) -> None:  # type: ignore[no-untyped-def]
-    batch = writer.prepare(decode_protobuf(export_request(spans), Limits(1 << 20)).spans)
+def _write(engine, writer: SpanWriter, spans, service: str = "test-agent") -> None:  # type: ignore[no-untyped-def]
+    body = export_request(spans, {"service.name": service})
+    batch = writer.prepare(decode_protobuf(body, Limits(1 << 20)).spans)
     with engine.begin() as conn:
         writer.write(conn, batch)
     writer.committed()
@@ -96,3 +97,20 @@ def test_a_call_id_in_two_traces_is_two_calls_with_other_content_or_a_numbered_i
         cities = sorted(a["city"] for a in conn.execute(select(ToolCallRow.arguments)).scalars())
     engine.dispose()
     assert cities == ["Oslo", "Paris", "Rome", "Rome"]
+
+
+def test_the_sidecar_s_record_of_a_call_does_not_take_the_agent_s_row(sqlite_url: str) -> None:
+    """The reviser sidecar traces what it relayed as a service of its own, in its own trace (no traceparent): the
+    agent's row of that call stays the agent's, while a second instrumentation inside the agent is still one row."""
+    engine = make_engine(sqlite_url)
+    upgrade(engine)
+    writer = SpanWriter(engine.dialect)
+    call = [{"id": "call_Xk2pQ9rT", "name": "get_weather", "arguments": {"city": "Paris"}}]
+    _write(engine, writer, [make_span("a1" * 16, "01" * 8, "chat", chat_attributes(call))], service="tracemill-serve")
+    _write(engine, writer, [make_span("b2" * 16, "02" * 8, "chat", chat_attributes(call))], service="demo-agent")
+    _write(engine, writer, [make_span("c3" * 16, "03" * 8, "ChatCompletion", chat_attributes(call))],
+           service="demo-agent")
+    with engine.connect() as conn:
+        traces = sorted(conn.execute(select(ToolCallRow.trace_id)).scalars())
+    engine.dispose()
+    assert traces == ["a1" * 16, "b2" * 16]
