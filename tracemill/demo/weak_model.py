@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import secrets
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -91,7 +92,8 @@ class WeakModel:
         rng = random.Random(f"{key}:{step}:{attempt}")
         kinds = sample_faults(self.settings.profile, rng, n_calls=len(plan[step]))
         emitted = emit(corrupt_calls(plan[step], tools, kinds, rng), tool_index(tools), rng)
-        calls = [{"id": c["id"], "type": "function", "function": {
+        # a model server draws each call id at random: the plan's ids repeat wherever a task and its seed do
+        calls = [{"id": f"call_{secrets.token_hex(12)}", "type": "function", "function": {
             "name": c["name"], "arguments": c["arguments"] if isinstance(c["arguments"], str)
             else orjson.dumps(c["arguments"]).decode()}} for c in emitted.natives]
         return Answer(emitted.text, calls)
