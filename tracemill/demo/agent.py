@@ -10,6 +10,7 @@ got, whether a sidecar stood in between or not."""
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,8 @@ from tracemill.simulate.episodes import SYSTEM_PROMPT, Settings, execution_outco
 from tracemill.simulate.scenarios import Scenario
 from tracemill.tools import tool_index
 from tracemill.verify import Stage, verify
+
+STOP = threading.Event()  # set by the demo's SIGINT / SIGTERM handler (tracemill.demo.cli)
 
 MAX_TURNS = 16
 UNREAD = f"{ERROR}: no tool call could be parsed from your reply. Call the tool with valid JSON arguments."
@@ -49,6 +52,8 @@ def run_episodes(base_url: str, model: str, scenarios: Sequence[Scenario], episo
     tally = Tally()
     try:
         for i in range(episodes):
+            if STOP.is_set():
+                raise KeyboardInterrupt
             rng = random.Random(f"demo:{seed}:{i}")
             _episode(client, model, rng.choice(scenarios), rng, settings, tally, f"demo-{seed}-{i}")
             tally.episodes += 1

@@ -22,6 +22,8 @@ from typing import Any
 
 import click
 
+from tracemill.demo.agent import STOP
+
 CYCLE_CONFIG = """\
 device = "cpu"
 
@@ -103,15 +105,18 @@ def _now() -> datetime:
 
 @contextmanager
 def _stop_on_sigterm() -> Iterator[None]:
-    """SIGTERM stops the demo as Ctrl-C does."""
+    """SIGTERM stops the demo as Ctrl-C does. Either is also kept in `STOP`: a KeyboardInterrupt raised while the
+    garbage collector runs a `__del__` is printed and lost, so the agent's loop checks `STOP` between episodes."""
     def interrupt(signum: int, frame: Any) -> None:
+        STOP.set()
         raise KeyboardInterrupt
 
-    before = signal.signal(signal.SIGTERM, interrupt)
+    before = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, before)
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 @click.command()
