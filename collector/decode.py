@@ -14,13 +14,15 @@ from __future__ import annotations
 import base64
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import orjson
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tracemill.spans import SpanRecord
+
+_M = TypeVar("_M", bound=Message)
 
 _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
@@ -133,11 +135,16 @@ def _bad_id(raw: bytes, size: int, where: str, field: str) -> NoReturn:
     raise PayloadError(f"{where}{field}: must be {size} bytes, got {len(raw)}")
 
 
-def decode_protobuf(body: bytes, limits: Limits) -> Decoded:
+def protobuf_request(message: type[_M], body: bytes) -> _M:
+    """An OTLP/protobuf body decoded as the export request `message`. Raises PayloadError."""
     try:
-        request = ExportTraceServiceRequest.FromString(body)
+        return message.FromString(body)
     except (DecodeError, RuntimeError, ValueError) as exc:
-        raise PayloadError(f"body is not a protobuf ExportTraceServiceRequest: {exc}") from exc
+        raise PayloadError(f"body is not a protobuf {message.__name__}: {exc}") from exc
+
+
+def decode_protobuf(body: bytes, limits: Limits) -> Decoded:
+    request = protobuf_request(ExportTraceServiceRequest, body)
     out = Decoded()
     for i, resource_spans in enumerate(request.resource_spans):
         try:

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
 from tracemill.collector.decode import (
@@ -35,6 +34,7 @@ from tracemill.collector.decode import (
     _text,
     _time,
     json_request,
+    protobuf_request,
 )
 
 _EVENT_PREFIX = "gen_ai."
@@ -117,10 +117,7 @@ def _pb_id(raw: bytes, size: int, where: str) -> str:
 
 
 def decode_logs_protobuf(body: bytes, limits: Limits) -> DecodedLogs:
-    try:
-        request = ExportLogsServiceRequest.FromString(body)
-    except (DecodeError, RuntimeError, ValueError) as exc:
-        raise PayloadError(f"body is not a protobuf ExportLogsServiceRequest: {exc}") from exc
+    request = protobuf_request(ExportLogsServiceRequest, body)
     out = DecodedLogs()
     for i, resource_logs in enumerate(request.resource_logs):
         for j, scope_logs in enumerate(resource_logs.scope_logs):

@@ -12,13 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
 )
 
-from tracemill.collector.decode import PayloadError, _expect, _json_list, json_request
+from tracemill.collector.decode import _expect, _json_list, json_request, protobuf_request
 
 METRICS_DROPPED = (
     "Tracemill stores traces and GenAI log events, not metrics: these data points were not stored "
@@ -36,10 +35,7 @@ _JSON_KINDS = ("gauge", "sum", "histogram", "exponentialHistogram", "exponential
 def count_data_points(body: bytes, protobuf: bool) -> int:
     """The data points in an ExportMetricsServiceRequest; PayloadError when it is not one."""
     if protobuf:
-        try:
-            request = ExportMetricsServiceRequest.FromString(body)
-        except (DecodeError, RuntimeError, ValueError) as exc:
-            raise PayloadError(f"body is not a protobuf ExportMetricsServiceRequest: {exc}") from exc
+        request = protobuf_request(ExportMetricsServiceRequest, body)
         return sum(
             len(getattr(metric, kind).data_points)
             for rm in request.resource_metrics
