@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import replace
-from pathlib import Path
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import click

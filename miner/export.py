@@ -17,8 +17,8 @@ import os
 import shutil
 import tempfile
 from collections import Counter
-from contextlib import nullcontext
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path

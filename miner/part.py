@@ -20,6 +20,7 @@ from tracemill.miner.conversation import GENAI_MESSAGES, is_conversation, span_m
 from tracemill.miner.parquet import write_parquet
 from tracemill.miner.repairs import find_repairs
 from tracemill.miner.rows import build_row, reference_for
+from tracemill.reader import Reading, read
 from tracemill.reviser_prompt import PromptSettings
 from tracemill.store.payloads import REF_KEY, is_reference
 from tracemill.store.queries import CallFilter, StoredCall, iter_traces, toolsets
@@ -79,6 +80,14 @@ class _Tools:
         return self.indexes
 
 
+def _json_or_text(text: str) -> Any:
+    """An attribute read as text: the conversation it encodes, a payload reference, or the text itself."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text
+
+
 def _contexts(engine: Engine, calls: list[StoredCall]) -> dict[tuple[str, str], list[Any]]:
     """The conversation of each call's span; of the values stored once, only the conversations are read."""
     keys = sorted({(c.trace_id, c.span_id) for c in calls})
@@ -89,10 +98,12 @@ def _contexts(engine: Engine, calls: list[StoredCall]) -> dict[tuple[str, str], 
             wanted = set(chunk)
             # two IN lists, which both databases answer from the (trace_id, span_id) index; a row-value IN is a scan
             where = (SpanRow.trace_id.in_({t for t, _ in chunk}), SpanRow.span_id.in_({s for _, s in chunk}))
-            # only the GenAI conversation, extracted by the database: decoding whole attributes costs more
+            # only the GenAI conversation, extracted by the database as the text it was sent as (decoding whole
+            # attributes, or having the database quote the text as JSON and decoding that, costs more)
             rows = conn.execute(select(SpanRow.trace_id, SpanRow.span_id,
-                                       SpanRow.attributes[GENAI_MESSAGES].label("messages")).where(*where)).all()
-            spans = {(r.trace_id, r.span_id): {GENAI_MESSAGES: r.messages} for r in rows
+                                       SpanRow.attributes[GENAI_MESSAGES].as_string().label("messages"))
+                                .where(*where)).all()
+            spans = {(r.trace_id, r.span_id): {GENAI_MESSAGES: _json_or_text(r.messages)} for r in rows
                      if (r.trace_id, r.span_id) in wanted and r.messages is not None}
             others = wanted - set(spans)
             if others:  # another convention: read the span's attributes
@@ -137,9 +148,16 @@ def mine_part(engine: Engine, folder: Path, part: int, trace_range: tuple[str | 
             result.stats["calls_read"] += len(calls)
             result.last_id = max([result.last_id or 0, *(c.id for c in calls)])
             indexes = tools.for_calls(calls)
+            readings: dict[int, Reading] = {}
+
+            def reading(call: StoredCall) -> Reading:  # each output read once, for its repair, reference and prompt
+                if (found := readings.get(call.id)) is None:
+                    found = readings[call.id] = read(call.raw, indexes[call.toolset_id])  # type: ignore[index]
+                return found
+
             chosen: list[tuple[str, StoredCall, tuple[StoredCall, ...] | None]] = []
             for trace in traces:
-                repairs = find_repairs(trace, indexes)
+                repairs = find_repairs(trace, indexes, reading)
                 split = "eval" if _in_eval(trace, options) else "train"
                 for call in trace:
                     if call.toolset_id not in indexes:
@@ -155,8 +173,9 @@ def mine_part(engine: Engine, folder: Path, part: int, trace_range: tuple[str | 
             for split, call, repair in chosen:
                 context = contexts.get((call.trace_id, call.span_id), [])
                 index = indexes[call.toolset_id]  # type: ignore[index]
-                reference = reference_for(call, index, context, reviews.get(call.id), repair)
-                row = build_row(call, index, context, options.prompt, reference)
+                read_as = reading(call)
+                reference = reference_for(call, index, context, reviews.get(call.id), repair, read_as)
+                row = build_row(call, index, context, options.prompt, reference, read_as)
                 rows, meta = files[split]
                 line = orjson.dumps(row) + b"\n"
                 rows.write(line)

@@ -12,14 +12,14 @@ appear in its text. An output that said no value is linked to nothing: nothing t
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from tracemill.names import match_tool
-from tracemill.reader import read
+from tracemill.reader import Reading, read
 from tracemill.store.queries import StoredCall
 from tracemill.tools import Tool, base_name, name_key
 
@@ -47,10 +47,11 @@ def _resolve(name: str, index: Mapping[str, Tool]) -> str | None:
     return match[0] if match else None
 
 
-def meant(call: StoredCall, index: Mapping[str, Tool]) -> _Meant:
-    """The offered tools a failed output meant, with the arguments it gave each."""
+def meant(call: StoredCall, index: Mapping[str, Tool], reading: Reading | None = None) -> _Meant:
+    """The offered tools a failed output meant, with the arguments it gave each (`reading`: its output as read, where
+    the caller has it)."""
     tools, arguments = [], []
-    for found in read(call.raw, index).calls:
+    for found in (read(call.raw, index) if reading is None else reading).calls:
         hit = _resolve(found.name, index) if isinstance(found.name, str) and found.name else None
         if hit is not None:
             tools.append(hit)
@@ -118,16 +119,17 @@ def _attempts(output: Sequence[StoredCall], tools: Sequence[str]) -> bool:
     return False
 
 
-def find_repairs(calls: Sequence[StoredCall], indexes: Mapping[int, Mapping[str, Tool]]) -> dict[int, Repair]:
+def find_repairs(calls: Sequence[StoredCall], indexes: Mapping[int, Mapping[str, Tool]],
+                 reading: Callable[[StoredCall], Reading] | None = None) -> dict[int, Repair]:
     """Failed call id -> its repair, for the calls of one trace in the order they were made (`indexes`: toolset id ->
-    tool index)."""
+    tool index; `reading`: a call's output as read, where the caller keeps them)."""
     outputs = _outputs(calls)
     found: dict[int, Repair] = {}
     for n, output in enumerate(outputs):
         for call in output:
             if succeeded(call) or call.toolset_id not in indexes:
                 continue
-            want = meant(call, indexes[call.toolset_id])
+            want = meant(call, indexes[call.toolset_id], reading(call) if reading is not None else None)
             if not want.tools:
                 continue
             repair = _first_repair(call, want, outputs[n + 1:])

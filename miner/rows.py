@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from tracemill.miner.failures import failure_key
+from tracemill.reader import Reading
 from tracemill.repair import revise
 from tracemill.reviser_prompt import PromptSettings, build_prompt
 from tracemill.store.queries import StoredCall
@@ -47,7 +48,8 @@ class Reference:
 
 
 def reference_for(call: StoredCall, index: Mapping[str, Tool], context: Sequence[Any],
-                  review: Any | None, repair: Sequence[StoredCall] | None) -> Reference | None:
+                  review: Any | None, repair: Sequence[StoredCall] | None,
+                  reading: Reading | None = None) -> Reference | None:
     if not call.failed:
         return Reference([{"name": call.name, "arguments": call.arguments}], None)
     if review is not None and (approved := review_calls(review)) is not None:
@@ -56,15 +58,15 @@ def reference_for(call: StoredCall, index: Mapping[str, Tool], context: Sequence
         return Reference([{"name": c.name, "arguments": c.arguments} for c in repair], "silver")
     if call.stage is None:  # valid as sent and failed when it ran: the rules have nothing to fix
         return None
-    revision = revise(call.raw, index, list(context))
+    revision = revise(call.raw, index, list(context), reading)
     if revision.ok and revision.changed:
         return Reference([c.to_dict() for c in revision.calls], "bronze")
     return None
 
 
 def build_row(call: StoredCall, index: Mapping[str, Tool], context: Sequence[Any], settings: PromptSettings,
-              reference: Reference | None) -> dict[str, Any]:
-    prompt = build_prompt(call.raw, index, list(context), settings)
+              reference: Reference | None, reading: Reading | None = None) -> dict[str, Any]:
+    prompt = build_prompt(call.raw, index, list(context), settings, reading=reading)
     key = failure_key(call.name, call.stage, call.violations, call.execution_status, call.execution_error)
     return {
         "id": str(call.id),

@@ -58,6 +58,11 @@ class Reading:
     steps: list[Step]
     exact: ToolCall | None = None
 
+    def own_arguments(self) -> Reading:
+        """This reading with calls whose arguments are copies, for a caller that fixes them in place."""
+        calls = [ReadCall(c.name, copy.deepcopy(c.arguments), list(c.steps), c.problem) for c in self.calls]
+        return Reading(calls, list(self.refused), list(self.steps), self.exact)
+
 
 @dataclass(slots=True)
 class _Raw:

@@ -262,11 +262,12 @@ def _fix_call(name: str, arguments: dict[str, Any], i: int, index: Mapping[str, 
 
 
 def revise(raw: str | bytes | Mapping[str, Any] | Sequence[Any] | ToolCall, tools: Sequence[Any] | Mapping[str, Tool],
-           context: Sequence[Any] | None = None) -> Revision:
+           context: Sequence[Any] | None = None, reading: Reading | None = None) -> Revision:
     """Recover and fix the tool calls in `raw` (see the module docstring). `tools`: the tools the model was offered, in
-    any accepted shape, or a ready `tool_index`."""
+    any accepted shape, or a ready `tool_index`; `reading`: `read(raw, index)` where the caller has it already (it is
+    left as it was)."""
     index = tools if isinstance(tools, Mapping) else tool_index(tools)
-    reading = read(raw, index)
+    reading = read(raw, index) if reading is None else reading.own_arguments()
     if reading.exact is None:
         return _revise(reading, index)
     known = verify(reading.exact, index)

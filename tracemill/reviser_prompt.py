@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from tracemill.names import match_tool
-from tracemill.reader import read
+from tracemill.reader import Reading, read
 from tracemill.tools import Tool, base_name, name_key
 
 SYSTEM = ("You repair tool calls. Given the tools, the conversation and a model's output, reply with only the tool "
@@ -103,10 +103,12 @@ def _tool_words(name: str, description: str) -> frozenset[str]:
     return frozenset(_words(f"{name} {description}"))
 
 
-def nearest_tools(raw: str, index: Mapping[str, Tool], request: str = "", k: int = 4) -> list[Tool]:
-    """The tools the output names (as the reviser reads names), then the ones closest to those names and to the
-    words of the output and the request, `k` at most."""
-    names = [c.name for c in read(raw, index).calls if isinstance(c.name, str) and c.name]
+def nearest_tools(raw: str, index: Mapping[str, Tool], request: str = "", k: int = 4,
+                  reading: Reading | None = None) -> list[Tool]:
+    """The tools the output names (as the reviser reads names: `reading`, where the caller has read `raw` already),
+    then the ones closest to those names and to the words of the output and the request, `k` at most."""
+    reading = read(raw, index) if reading is None else reading
+    names = [c.name for c in reading.calls if isinstance(c.name, str) and c.name]
     if not names:
         names = [w for w in _IDENTIFIERS.findall(raw) if len(w) > 3][:20]
     chosen: dict[str, Tool] = {}
@@ -178,7 +180,10 @@ def conversation(context: Sequence[Any] | None, budget_tokens: int,
                  count_tokens: Callable[[str], int] = approx_tokens) -> list[str]:
     """The turns of a conversation as `role: text` lines: the newest that fit the budget, in order. The user's last
     request is always kept, cut to the budget when it alone is over it. System prompts are left out."""
-    turns = [message_text(m) for m in context or ()]
+    return _kept_turns([message_text(m) for m in context or ()], budget_tokens, count_tokens)
+
+
+def _kept_turns(turns: list[tuple[str, str]], budget_tokens: int, count_tokens: Callable[[str], int]) -> list[str]:
     lines = [f"{role}: {text}" for role, text in turns if role not in _NOT_CONVERSATION and text]
     roles = [role for role, text in turns if role not in _NOT_CONVERSATION and text]
     request = max((i for i, role in enumerate(roles) if role in ("user", "human")), default=None)
@@ -230,20 +235,18 @@ def _tool_line(tool: Tool, settings: PromptSettings) -> str:
     return orjson.dumps(shown).decode()
 
 
-def _request(context: Sequence[Any] | None) -> str:
-    for message in reversed(list(context or ())):
-        role, text = message_text(message)
-        if role in ("user", "human"):
-            return text
-    return ""
+def _request(turns: Sequence[tuple[str, str]]) -> str:
+    return next((text for role, text in reversed(turns) if role in ("user", "human")), "")
 
 
 def build_prompt(raw: str, index: Mapping[str, Tool], context: Sequence[Any] | None = None,
                  settings: PromptSettings = PromptSettings(),
-                 count_tokens: Callable[[str], int] = approx_tokens) -> ReviserPrompt:
-    """The reviser's prompt for one model output (`index`: the tools offered, as `tool_index` builds them)."""
-    tools = nearest_tools(raw, index, _request(context), settings.max_tools)
-    turns = conversation(context, settings.budget_tokens, count_tokens)
+                 count_tokens: Callable[[str], int] = approx_tokens, reading: Reading | None = None) -> ReviserPrompt:
+    """The reviser's prompt for one model output (`index`: the tools offered, as `tool_index` builds them;
+    `reading`: `read(raw, index)` where the caller has it already)."""
+    read_turns = [message_text(m) for m in context or ()]
+    tools = nearest_tools(raw, index, _request(read_turns), settings.max_tools, reading)
+    turns = _kept_turns(read_turns, settings.budget_tokens, count_tokens)
     sections = ["<tools>", *(_tool_line(t, settings) for t in tools), "</tools>"]
     if turns:
         sections += ["<conversation>", *turns, "</conversation>"]
