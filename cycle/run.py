@@ -25,10 +25,9 @@ from tracemill.cycle.gate import BASELINE, CANDIDATE, GateResult, judge
 from tracemill.cycle.lock import LockBusy, StoreLock
 from tracemill.cycle.record import CycleRecord, Status, Step
 from tracemill.cycle.settings import CycleSettings
-from tracemill.store.queries import CallFilter
-from tracemill.store.tables import ModelRow, ToolCallRow
+from tracemill.store.queries import CallFilter, committed_call_id
+from tracemill.store.tables import ModelRow
 
-C = ToolCallRow.__table__.c
 LOCK = "cycle"
 DATASET, RUN = "dataset", "run"  # in WORK/cycle-NNNN/
 
@@ -63,7 +62,7 @@ def _new_calls(engine: Engine, since: int | None, upto: int | None) -> tuple[int
     """(calls, failed calls) with ids in (since, upto]."""
     if upto is None:
         return 0, 0
-    where = CallFilter(after_id=since).conditions() + [C.id <= upto]
+    where = CallFilter(after_id=since, up_to_id=upto).conditions()
     failed = CallFilter(failed=True).conditions()
     with engine.connect() as conn:
         row = conn.execute(select(func.count(), func.count().filter(*failed)).where(*where)).one()
@@ -99,13 +98,13 @@ class _Cycle:
         s = self.settings
         with self.engine.connect() as conn:
             since = record.last_trained_call(conn)
-            newest = conn.execute(select(func.max(C.id))).scalar()
+        newest = committed_call_id(self.engine)
         upto = newest if since is None or (newest or 0) > since else None
         self.enter(Step.MINE, f"calls after id {since or 0}" + (f" up to {upto}" if upto else ": none new"),
                    since_call_id=since)
         if upto is None:
             return self.finish(decision=WAIT, reason="no new calls since the last cycle that trained")
-        where = CallFilter(after_id=since)
+        where = CallFilter(after_id=since, up_to_id=upto)
         m = s.mining
         exported = mine(self.engine, self.folder / DATASET, MineOptions(
             where=where, eval_share=m.eval_share, valid_share=m.valid_share, seed=m.seed, prompt=m.prompt,

@@ -171,7 +171,7 @@ def mine(db_url: str | None, out: Path, since: str | datetime | None, where: Cal
     from tracemill.miner.export import ExportError, MineOptions, check_out
     from tracemill.miner.export import mine as run
     from tracemill.reviser_prompt import PromptSettings
-    from tracemill.store.queries import count_calls
+    from tracemill.store.queries import StoreBusyError, count_calls
 
     try:
         check_out(out)
@@ -189,7 +189,7 @@ def mine(db_url: str | None, out: Path, since: str | datetime | None, where: Cal
         task = bar.add_task("mining", total=total)
         try:
             result = run(engine, out, options, progress=lambda n: bar.advance(task, n))
-        except ExportError as exc:
+        except (ExportError, StoreBusyError) as exc:
             raise click.ClickException(str(exc)) from None
     card = result.card
     if as_json:

@@ -30,7 +30,7 @@ from sqlalchemy import Engine, and_, bindparam, insert, select, update
 from tracemill.miner.parquet import merge_parquet
 from tracemill.miner.part import SPLITS, PartOptions, PartResult, init_worker, mine_part, part_files, run_part
 from tracemill.reviser_prompt import PromptSettings
-from tracemill.store.queries import CallFilter, count_calls
+from tracemill.store.queries import CallFilter, committed_call_id, count_calls
 from tracemill.store.sqlite_writer import WriteLock, database_path
 from tracemill.store.tables import DatasetRow, ToolCallRow, utcnow
 
@@ -109,6 +109,9 @@ def mine(engine: Engine, out: Path, options: MineOptions = MineOptions(),
     since_id = previous_call_id(engine) if options.since_last else None
     if since_id is not None:
         where = replace(where, after_id=max(since_id, where.after_id or 0))
+    upto = committed_call_id(engine)  # read no further than what is committed: the next `--since last` starts here
+    if upto is not None:
+        where = replace(where, up_to_id=min(upto, where.up_to_id or upto))
     valid_rate = _valid_rate(engine, where, options.valid_share)
     out.parent.mkdir(parents=True, exist_ok=True)
     for stale in out.parent.glob(f".{out.name}.partial-*"):  # left by a run that was killed (SIGKILL, power)
@@ -118,7 +121,7 @@ def mine(engine: Engine, out: Path, options: MineOptions = MineOptions(),
         card = _write(engine, work, where, options, valid_rate, progress)
         card["name"] = out.name
         card["filters"] = {**where.to_dict(), "since_last": options.since_last}
-        card["last_call_id"] = card["last_call_id"] or since_id
+        card["last_call_id"] = max((i for i in (upto, since_id) if i is not None), default=None)
         (work / "dataset.json").write_bytes(orjson.dumps(card, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
         _replace(work, out)
     except BaseException:
@@ -258,10 +261,9 @@ def _write(engine: Engine, work: Path, where: CallFilter, options: MineOptions, 
         links.update(result.links)
     summaries, dropped, content = _merge(work, len(results))
     _link_repairs(engine, links)
-    ids = [r.last_id for r in results if r.last_id is not None]
     return {
         "format": FORMAT, "name": "", "created_at": datetime.now(UTC).isoformat(), "content_hash": content,
-        "splits": summaries, "counts": _totals(summaries), "last_call_id": max(ids) if ids else None,
+        "splits": summaries, "counts": _totals(summaries),
         "split": {"by": "trace", "eval_after": options.eval_after.isoformat() if options.eval_after else None,
                   "eval_share": None if options.eval_after else options.eval_share, "seed": options.seed},
         "valid_share": options.valid_share, "valid_sample_rate": valid_rate, "repairs_linked": len(links),

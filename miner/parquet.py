@@ -1,11 +1,11 @@
-"""A split's Parquet files: made from JSON Lines a block at a time (the same columns, typed), and merged."""
+"""A split's Parquet files: written from the rows as they are made (the JSON Lines columns, typed), and merged."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
-import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 pa.set_memory_pool(pa.system_memory_pool())  # freed memory goes back to the system: resident memory stays flat
@@ -20,26 +20,29 @@ SCHEMA = pa.schema([
 ])
 
 
-GROUP_ROWS = 2_000  # rows per row group: few enough groups that the file's metadata stays small
+GROUP_ROWS = 1_000  # rows per row group: few enough groups that the file's metadata stays small
+GROUP_BYTES = 32 << 20  # and at most about this much: a row holds a whole conversation, which can reach megabytes
+BATCH_ROWS, BATCH_BYTES = 250, 4 << 20  # rows kept as Python objects before they are made an Arrow batch
 
 
 class _Groups:
     """Batches written as row groups of about GROUP_ROWS rows."""
 
     def __init__(self, writer: pq.ParquetWriter) -> None:
-        self.writer, self.pending, self.rows, self.wrote = writer, [], 0, False
+        self.writer, self.pending, self.rows, self.bytes, self.wrote = writer, [], 0, 0, False
 
     def add(self, batch: pa.RecordBatch) -> None:
         self.pending.append(batch)
         self.rows += batch.num_rows
-        if self.rows >= GROUP_ROWS:
+        self.bytes += batch.nbytes
+        if self.rows >= GROUP_ROWS or self.bytes >= GROUP_BYTES:
             self.flush()
 
     def flush(self) -> None:
         if self.rows:
             self.writer.write_table(pa.Table.from_batches(self.pending, SCHEMA))
             self.wrote = True
-        self.pending, self.rows = [], 0
+        self.pending, self.rows, self.bytes = [], 0, 0
 
     def close(self) -> None:
         self.flush()
@@ -55,16 +58,31 @@ def _writer(path: Path) -> pq.ParquetWriter:
 _STATISTICS = ("valid", "failure_class", "provenance", "stage", "model", "harness_version", "domain", "call_id")
 
 
-def write_parquet(jsonl: Path, parquet: Path, block_bytes: int = 1 << 20) -> None:
-    with _writer(parquet) as writer:
-        groups = _Groups(writer)
-        if jsonl.stat().st_size:
-            reader = pa_json.open_json(jsonl, read_options=pa_json.ReadOptions(block_size=block_bytes),
-                                       parse_options=pa_json.ParseOptions(explicit_schema=SCHEMA,
-                                                                          unexpected_field_behavior="error"))
-            for batch in reader:
-                groups.add(batch)
-        groups.close()
+class RowWriter:
+    """Rows (dicts of the export's columns, `rows.COLUMNS`) written to one Parquet file as they are made."""
+
+    def __init__(self, path: Path) -> None:
+        self.writer = _writer(path)
+        self.groups = _Groups(self.writer)
+        self.rows: list[dict[str, Any]] = []
+        self.bytes = 0
+
+    def add(self, row: dict[str, Any], size: int) -> None:
+        """`size`: about how many bytes the row holds (its JSON line's length)."""
+        self.rows.append(row)
+        self.bytes += size
+        if len(self.rows) >= BATCH_ROWS or self.bytes >= BATCH_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.rows:
+            self.groups.add(pa.RecordBatch.from_pylist(self.rows, schema=SCHEMA))
+        self.rows, self.bytes = [], 0
+
+    def close(self) -> None:
+        self._flush()
+        self.groups.close()
+        self.writer.close()
 
 
 def merge_parquet(parts: list[Path], kept: list[list[bool]], out: Path) -> None:

@@ -17,7 +17,7 @@ import orjson
 from sqlalchemy import Engine, select
 
 from tracemill.miner.conversation import GENAI_MESSAGES, is_conversation, span_messages
-from tracemill.miner.parquet import write_parquet
+from tracemill.miner.parquet import RowWriter
 from tracemill.miner.repairs import find_repairs
 from tracemill.miner.rows import build_row, reference_for
 from tracemill.reader import Reading, read
@@ -44,7 +44,6 @@ class PartOptions:
 @dataclass(slots=True)
 class PartResult:
     stats: Counter[str] = field(default_factory=Counter)
-    last_id: int | None = None
     links: dict[int, int] = field(default_factory=dict)  # repair call id -> the failed call it repaired
 
 
@@ -62,6 +61,31 @@ def prompt_digest(prompt: list[dict[str, str]]) -> str:
 
 def part_files(folder: Path, part: int, split: str) -> tuple[Path, Path]:
     return folder / f"part-{part}-{split}.jsonl", folder / f"part-{part}-{split}.meta"
+
+
+class _PartFiles:
+    """A part's JSON Lines, `.meta` lines and Parquet file for each split, written row by row."""
+
+    def __init__(self, folder: Path, part: int) -> None:
+        self.files = {}
+        for split in SPLITS:
+            lines, meta = part_files(folder, part, split)
+            self.files[split] = (open(lines, "wb"), open(meta, "wb"), RowWriter(lines.with_suffix(".parquet")))
+
+    def write(self, split: str, row: dict[str, Any]) -> None:
+        lines, meta, parquet = self.files[split]
+        line = orjson.dumps(row) + b"\n"
+        lines.write(line)
+        meta.write(orjson.dumps([prompt_digest(row["prompt"]), hashlib.blake2b(line, digest_size=16).hexdigest(),
+                                 len(line), row["failure_class"], row["provenance"], row["model"],
+                                 row["harness_version"]]) + b"\n")
+        parquet.add(row, len(line))
+
+    def close(self) -> None:
+        for lines, meta, parquet in self.files.values():
+            lines.close()
+            meta.close()
+            parquet.close()
 
 
 class _Tools:
@@ -141,12 +165,11 @@ def mine_part(engine: Engine, folder: Path, part: int, trace_range: tuple[str | 
     result = PartResult()
     where = replace(options.where, trace_from=trace_range[0], trace_below=trace_range[1])
     tools = _Tools(engine)
-    files = {s: tuple(open(p, "wb") for p in part_files(folder, part, s)) for s in SPLITS}
+    files = _PartFiles(folder, part)
     try:
         for traces in iter_traces(engine, where, options.batch):
             calls = [c for trace in traces for c in trace]
             result.stats["calls_read"] += len(calls)
-            result.last_id = max([result.last_id or 0, *(c.id for c in calls)])
             indexes = tools.for_calls(calls)
             readings: dict[int, Reading] = {}
 
@@ -176,21 +199,11 @@ def mine_part(engine: Engine, folder: Path, part: int, trace_range: tuple[str | 
                 read_as = reading(call)
                 reference = reference_for(call, index, context, reviews.get(call.id), repair, read_as)
                 row = build_row(call, index, context, options.prompt, reference, read_as)
-                rows, meta = files[split]
-                line = orjson.dumps(row) + b"\n"
-                rows.write(line)
-                meta.write(orjson.dumps([prompt_digest(row["prompt"]), hashlib.blake2b(line, digest_size=16)
-                                         .hexdigest(), len(line), row["failure_class"], row["provenance"],
-                                         row["model"], row["harness_version"]]) + b"\n")
+                files.write(split, row)
             if progress is not None:
                 progress(len(calls))
     finally:
-        for pair in files.values():
-            for fh in pair:
-                fh.close()
-    for split in SPLITS:
-        lines, _ = part_files(folder, part, split)
-        write_parquet(lines, lines.with_suffix(".parquet"))
+        files.close()
     return result
 
 

@@ -6,12 +6,14 @@ nothing half-written."""
 from __future__ import annotations
 
 import json
+import threading
 from collections import Counter
 from pathlib import Path
 
+import httpx
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import insert, select
+from sqlalchemy import func, insert, select
 
 from tracemill.cli import main
 from tracemill.faults import PROFILES, Profile
@@ -23,6 +25,7 @@ from tracemill.store.tables import DatasetRow, ReviewRow, ToolCallRow
 from tracemill.suites import read_cases
 
 from sim_truth import simulated_outputs
+from support import chat_attributes, export_request, make_span
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -175,6 +178,58 @@ def test_since_last_mines_only_what_is_new_and_gold_comes_from_reviews(start_col
     assert [r.name for r in recorded] == ["one", "two"]
     assert recorded[1].last_call_id == second["last_call_id"] > first["last_call_id"]
     assert recorded[1].content_hash == second["content_hash"]
+
+
+@pytest.mark.postgres
+def test_since_last_misses_no_call_whose_transaction_commits_after_a_newer_one(start_collector, postgres_url: str,
+                                                                                tmp_path: Path) -> None:
+    """PostgreSQL draws ids before commit: a call with a lower id can become visible after a read saw a higher one.
+    An export waits for the inserts in progress, so that it and the next `--since last` see every call."""
+    collector = start_collector(postgres_url)
+    simulate(collector.url, traces=20, seed=3, start_ns=START_NS)
+    engine = make_engine(postgres_url)
+    calls = ToolCallRow.__table__
+    with engine.connect() as conn:
+        failed = conn.execute(select(calls).where(calls.c.stage.is_not(None)).limit(1)).mappings().one()
+    slow = engine.connect()
+    slow.begin()
+    held = slow.execute(insert(calls).values({**{k: v for k, v in failed.items() if k != "id"}, "call_index": 99,
+                                                     "raw": failed["raw"] + " (held)"})
+                        .returning(calls.c.id)).scalar_one()  # an insert whose transaction is still open
+    simulate(collector.url, traces=20, seed=4, start_ns=START_NS)  # newer ids, committed first
+    with engine.connect() as conn:
+        assert conn.execute(select(func.max(calls.c.id))).scalar_one() > held
+    later = threading.Timer(2.0, slow.commit)
+    later.start()
+    try:
+        first = _mine(postgres_url, tmp_path / "one")
+    finally:
+        later.join()
+        slow.close()
+    second = _mine(postgres_url, tmp_path / "two", "--since", "last")
+    exported = [r["call_id"] for r in _rows(tmp_path / "one") + _rows(tmp_path / "two")]
+    engine.dispose()
+    assert held in exported and len(exported) == len(set(exported))
+    assert second["last_call_id"] == first["last_call_id"] >= held
+
+
+def test_a_call_whose_conversation_runs_to_megabytes_is_exported(start_collector, sqlite_url: str,
+                                                                   tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    collector = start_collector(sqlite_url)
+    chat = chat_attributes([{"id": "c1", "name": "get_weather", "arguments": {"city": 7}}])  # city must be a string
+    said = "Weather in Lisbon? Here is the whole report I was sent: " + "sunny and mild; " * 150_000  # 2.4 MB
+    chat["gen_ai.input.messages"] = json.dumps([{"role": "user", "parts": [{"type": "text", "content": said}]}])
+    body = export_request([make_span("ab" * 16, "cd" * 8, "chat", chat)])
+    assert httpx.post(f"{collector.url}/v1/traces", content=body,
+                      headers={"Content-Type": "application/x-protobuf"}).status_code == 200
+    _mine(sqlite_url, tmp_path / "big", "--eval-share", "0")
+    [row] = _rows(tmp_path / "big")
+    assert row["valid"] is False and json.loads(row["context"])[0]["parts"][0]["content"] == said
+    assert len(row["prompt"][1]["content"]) < 10_000  # the prompt keeps the newest part of it, to its budget
+    table = pq.read_table(tmp_path / "big" / "train.parquet")
+    assert table.num_rows == 1 and table.column("context")[0].as_py() == row["context"]
 
 
 def test_bad_input_gets_one_line_naming_it(start_collector, sqlite_url: str, tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ The answer a reviser gives is the intended call, or a JSON array of calls, as `{
 from __future__ import annotations
 
 import difflib
+import heapq
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -117,17 +118,18 @@ def nearest_tools(raw: str, index: Mapping[str, Tool], request: str = "", k: int
         hit = name if name in index else _near_miss(name, offered)
         if hit is not None and len(chosen) < k:
             chosen[hit] = index[hit]
+    need = k - len(chosen)
+    if need <= 0:
+        return list(chosen.values())
     words = _words(raw) | _request_words(request)
-    scored = []
     by_names = _name_scores(tuple(names), offered)
+    scored = []  # (-score, name): the best first, ties by name
     for tool in index.values():
-        if tool.name in chosen:
-            continue
-        by_name = by_names[tool.name]
-        about = _tool_words(tool.name, tool.description)
-        by_words = len(words & about) / len(about) if about else 0.0
-        scored.append((by_name + 0.5 * by_words, tool.name))
-    for _, name in sorted(scored, key=lambda s: (-s[0], s[1]))[: max(0, k - len(chosen))]:
+        if tool.name not in chosen:
+            about = _tool_words(tool.name, tool.description)
+            scored.append((-(by_names[tool.name] + 0.5 * (len(words & about) / len(about) if about else 0.0)),
+                           tool.name))
+    for _, name in heapq.nsmallest(need, scored) if need < len(scored) else sorted(scored):
         chosen[name] = index[name]
     return list(chosen.values())
 

@@ -1,6 +1,6 @@
 """The store's read side: tool calls by filter (streamed in batches), a trace's spans with their payloads back in place,
 the tools a call was offered. `tracemill stats`, the miner, the UI and the collector's look-backs read through here;
-nothing here writes."""
+nothing here writes (`committed_call_id` takes a lock, for a moment, to read)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Engine, Select, and_, func, or_, select, tuple_
+from sqlalchemy import ColumnElement, Connection, Engine, Select, and_, func, or_, select, text, tuple_
+from sqlalchemy.exc import OperationalError
 
 from tracemill.spans import SpanRecord
 from tracemill.store.payloads import resolve
@@ -30,6 +31,7 @@ class CallFilter:
     since: datetime | None = None  # stored at or after
     until: datetime | None = None  # stored before
     after_id: int | None = None  # tool_calls.id greater than this (what is new since an earlier read)
+    up_to_id: int | None = None  # tool_calls.id at most this (`committed_call_id`: a read that misses no call)
     model: str | None = None
     harness_version: str | None = None
     domain: str | None = None
@@ -43,7 +45,8 @@ class CallFilter:
     def conditions(self) -> list[ColumnElement[bool]]:
         found: list[ColumnElement[bool]] = []
         for value, condition in ((self.since, lambda v: C.created_at >= v), (self.until, lambda v: C.created_at < v),
-                                 (self.after_id, lambda v: C.id > v), (self.model, lambda v: C.model == v),
+                                 (self.after_id, lambda v: C.id > v), (self.up_to_id, lambda v: C.id <= v),
+                                 (self.model, lambda v: C.model == v),
                                  (self.harness_version, lambda v: C.harness_version == v),
                                  (self.domain, lambda v: C.domain == v), (self.tool, lambda v: C.name == v),
                                  (self.trace_id, lambda v: C.trace_id == v),
@@ -185,6 +188,30 @@ def _by_trace(found: list[StoredCall]) -> list[list[StoredCall]]:
 
 def _as_kwargs(f: CallFilter) -> dict[str, Any]:
     return {field.name: getattr(f, field.name) for field in fields(f)}
+
+
+class StoreBusyError(RuntimeError):
+    """The store's writes in progress did not finish in time for a consistent read; the message says so."""
+
+
+def committed_call_id(engine: Engine, wait_seconds: float = 30.0) -> int | None:
+    """The newest tool_calls.id such that every call with an id up to it is committed: a read of `id <= it` now, and
+    of `id > it` later, together miss no call. None when there is no call.
+
+    On SQLite writes take turns, so ids follow commit order and the newest id is the answer. On PostgreSQL ids are
+    drawn when a row is inserted, before its transaction commits: a read can see id 101 while 100 is still to come. A
+    SHARE lock on tool_calls waits for the inserts in progress (INSERT's ROW EXCLUSIVE lock conflicts with it) and
+    holds new ones back for the moment the newest id is read; every insert after it draws a higher id."""
+    with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text(f"SET LOCAL lock_timeout = '{int(wait_seconds * 1000)}ms'"))
+            try:
+                conn.execute(text(f"LOCK TABLE {C.__tablename__} IN SHARE MODE"))
+            except OperationalError as exc:
+                raise StoreBusyError(f"the store's writes to {C.__tablename__} did not finish within {wait_seconds:g} s "
+                                     "(a transaction holds them open); try again") from exc
+        newest = conn.execute(select(func.max(C.id))).scalar()
+    return int(newest) if newest is not None else None
 
 
 def count_calls(conn: Connection, f: CallFilter = CallFilter()) -> int:
