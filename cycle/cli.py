@@ -77,13 +77,14 @@ def _settings(config_path: Path | None, store: str, base: str | None, work: Path
 
 def _once(settings: Any, as_json: bool) -> None:
     from tracemill.cycle.run import CycleBusy, CycleError, run_cycle
+    from tracemill.store.queries import StoreBusyError
 
     say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
     try:
         done = run_cycle(settings, progress=say)
     except CycleBusy as exc:
         raise click.ClickException(f"{exc}: not starting a second cycle") from None
-    except CycleError as exc:
+    except (CycleError, StoreBusyError) as exc:
         raise click.ClickException(str(exc)) from None
     except KeyboardInterrupt:
         click.echo("stopped: the cycle is recorded as interrupted; the active deployment is as it was", err=True)
