@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 
 from ingest import Bodies
+
+import tracemill
 from tracemill.collector import worker
 from tracemill.store.engine import make_engine
 from tracemill.store.migrate import upgrade
@@ -41,6 +43,8 @@ def main() -> None:
         for seq in range(args.warmup, args.warmup + args.requests):
             worker.ingest(bytes(bodies.body(seq)), "application/x-protobuf", False)
         cpu = time.process_time() - started
+    print(f"tracemill from {Path(tracemill.__file__).resolve().parent}, "
+          f"collector from {Path(worker.__file__).resolve().parent}")
     print(f"{1000 * cpu / args.requests:.1f} ms CPU per request, "
           f"{1e6 * cpu / (args.requests * args.spans_per_request):.1f} µs per span ({args.requests} requests)")
 
