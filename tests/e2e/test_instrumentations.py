@@ -485,7 +485,8 @@ def assert_stored_once(agents: Agents, library: str, executed: dict[str, str]) -
 
 def test_two_instrumentations_of_one_call_store_it_once(agents: Agents) -> None:
     """OpenInference's LangChain and OpenAI instrumentations together: the OpenAI spans start traces of their own, and
-    each native call is still one row, with the execution LangChain's trace records."""
+    each call is still one row, with the execution LangChain's trace records; the call written as text, which has no
+    id, is one row too (both spans record the response's id)."""
     library = "openinference-langchain+openai"
     agents.run(OPENINFERENCE_LANGCHAIN, library, WITH_OPENAI="1")
     rows = agents.rows(library, lambda rs: len(rs) >= len(EXPECTED) and
@@ -494,5 +495,18 @@ def test_two_instrumentations_of_one_call_store_it_once(agents: Agents) -> None:
     assert {k: (r.name, r.parsed, r.name_valid, r.schema_valid) for k, r in native.items()} == \
         {k: v for k, v in EXPECTED.items() if k}
     assert {k: r.execution_status for k, r in native.items() if r.execution_status} == RAN
-    # Not yet: the call written as text carries no id, so its two sightings (two traces) stay two rows.
-    assert [r.raw for r in rows if r.tool_call_id is None] == [TEXT_CALL, TEXT_CALL]
+    [text] = [r for r in rows if r.tool_call_id is None]
+    assert (text.raw, text.name, text.arguments, text.model) == (TEXT_CALL, "get_forecast", {"city": "Lyon", "days": 2},
+                                                                 library)
+    assert toolset_names(agents.db_url, text.toolset_id) == ["get_forecast", "get_weather"]
+
+
+def test_one_text_call_in_two_responses_is_two_calls(agents: Agents) -> None:
+    """The same call written as text in two responses (the same question asked twice): two rows, though both
+    instrumentations saw each, since each response has its id."""
+    library = "openinference-langchain+openai-twice"
+    agents.run(OPENINFERENCE_LANGCHAIN, library, WITH_OPENAI="1",
+               TURNS=json.dumps(["Forecast for Lyon?", "Forecast for Lyon?"]))
+    rows = agents.rows(library, lambda rs: True)  # the exporters have flushed: what is acknowledged is stored
+    assert [(r.tool_call_id, r.raw) for r in rows] == [(None, TEXT_CALL)] * 2
+    assert len({r.trace_id for r in rows}) == 2
