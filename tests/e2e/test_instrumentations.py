@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -344,7 +345,10 @@ def own_environment(requirements: tuple[str, ...]) -> Path:
         subprocess.run([str(building / "bin" / "python"), "-m", "pip", "install", "--quiet",
                         "--disable-pip-version-check", "-c", str(building / "constraints.txt"), *requirements],
                        check=True, timeout=600)
-        building.rename(home)  # whole or not at all, should a run be cut short
+        try:
+            building.rename(home)  # whole or not at all, should a run be cut short
+        except OSError:  # another test session built it meanwhile
+            shutil.rmtree(building)
     return home / "bin" / "python"
 
 
