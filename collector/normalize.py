@@ -85,6 +85,7 @@ class ExtractedCall:
     # that the verdict is the text's as sent).
     read_name: str | None = None
     read_arguments: dict[str, Any] | None = None
+    response_id: str | None = None  # of the model's response, read for calls without an id only (`same_call`)
 
 
 @dataclass(slots=True)
@@ -138,6 +139,10 @@ def extract(span: SpanRecord) -> Extracted:
     calls = _calls(_output_messages(attrs), tools, _first_str(attrs, _MODEL_KEYS)) if execution is None else []
     if not calls:
         return Extracted([], [execution] if execution is not None else [], tools, None, None)
+    if calls[0].tool_call_id is None:
+        response_id = _response_id(attrs)
+        for call in calls:
+            call.response_id = response_id
     resource = span.resource if isinstance(span.resource, dict) else {}
     return Extracted(
         calls=calls,
@@ -491,6 +496,22 @@ def _calls(messages: list[_Message], tools: list[Tool] | None, model: str | None
         calls.append(ExtractedCall(len(calls), None, text, text, None, tools, model, name,
                                    first.arguments if first is not None else None))
     return calls
+
+
+def _response_id(attrs: dict[str, Any]) -> str | None:
+    """The id of the response the span records: GenAI's `gen_ai.response.id`, else from OpenInference's
+    `output.value`, an OpenAI chat completion (streamed or not) or LangChain's LLMResult (which has none when
+    streamed)."""
+    found = attrs.get("gen_ai.response.id")
+    if isinstance(found, str):
+        return found or None
+    output = _decode(attrs.get("output.value"))
+    if not isinstance(output, dict):
+        return None
+    if "choices" in output:
+        return _as_id(output.get("id"))
+    llm_output = output.get("llm_output")
+    return _as_id(llm_output.get("id")) if isinstance(llm_output, dict) else None
 
 
 # --- executions ---------------------------------------------------------------------------------------------------

@@ -189,8 +189,8 @@ class SpanWriter:
         unnamed = [r for r in batch.executions if not r["tool_call_id"] and r["tool_name"] and id(r) not in linked]
         if unnamed:
             _link_stored_by_content(conn, unnamed)
-        self._new_calls = [(same_call.content_key(r), (r["trace_id"], r["span_id"], r["call_index"]))
-                           for r in calls if r["tool_call_id"] and len(r["tool_call_id"]) >= same_call.UNIQUE_ID_CHARS]
+        self._new_calls = [(key, (r["trace_id"], r["span_id"], r["call_index"]))
+                           for r in calls if (key := same_call.recent_key(r)) is not None]
 
     def _one_row_per_call(self, conn: Connection, rows: list[dict[str, Any]], first_span: dict[tuple[str, str], str]
                           ) -> tuple[list[dict[str, Any]], dict[tuple[str, str, int], dict[str, Any]],
@@ -205,6 +205,17 @@ class SpanWriter:
         seen_as: dict[int, tuple[str, str]] = {}
         for row in rows:
             if not row["tool_call_id"]:
+                content = same_call.response_key(row)
+                if content is not None:
+                    twin = by_content.get(content)
+                    if twin is not None:
+                        same_call.fill(twin, row)
+                        continue
+                    recent = self._recent_calls.get(content)
+                    if recent is not None:
+                        fills[recent] = row
+                        continue
+                    by_content[content] = row
                 kept.append(row)
                 continue
             key = (row["trace_id"], row["tool_call_id"])
@@ -315,7 +326,8 @@ class SpanWriter:
             "model": call.model, "harness_version": found.harness_version,
             "domain": call_domain(found.declared_domain, verdict.tool, call.name or call.read_name),
             "repairs_id": None, "start_time_ns": span.start_time_ns, "created_at": now,
-            "service": span.resource.get("service.name"),  # not a column: what `same_call.content_key` reads
+            # not columns: what `same_call`'s keys read
+            "service": span.resource.get("service.name"), "response_id": call.response_id,
         }, toolset
 
     def _toolset(self, tools: list[Tool]) -> _Toolset:

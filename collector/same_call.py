@@ -9,6 +9,9 @@ Mistral's 9 characters) counts: servers that number their calls (`0`, `call_0`) 
 twins are found in the same request and among the calls this writer stored recently (`RecentCalls`), since the store
 has no index on the call id alone.
 
+A call the model wrote as text has no id: it is one call where the response that holds it is one (its id drawn at
+random, `UNIQUE_RESPONSE_ID_CHARS`) and it is the same text at the same place in that response (`response_key`).
+
 Executions that carry no call id (OpenLLMetry's and Langfuse's tool spans) are matched to a call of their trace that
 names the same tool with the same arguments (`same_arguments`)."""
 
@@ -28,6 +31,9 @@ EXECUTION = ("execution_status", "execution_error", "execution_result", "executi
 
 
 UNIQUE_ID_CHARS = 9
+# Response ids are longer: `chatcmpl-` and at least 11 drawn characters (OpenAI's, vLLM's, llama.cpp's); Ollama's
+# `chatcmpl-` and a number under 1000 repeats.
+UNIQUE_RESPONSE_ID_CHARS = 20
 
 
 def content_key(row: dict[str, Any]) -> tuple[Any, str | None, str | None, bytes]:
@@ -37,6 +43,23 @@ def content_key(row: dict[str, Any]) -> tuple[Any, str | None, str | None, bytes
     arguments = row["arguments"]
     body = orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS) if arguments is not None else row["raw"].encode()
     return row["service"], row["tool_call_id"], row["name"], body
+
+
+def response_key(row: dict[str, Any]) -> tuple[str, Any, str, int, str] | None:
+    """What makes two rows of a call written as text, which has no id, the same call: the same response (an id drawn
+    at random) and the same place and text in it, from the same service. Two identical calls in two responses stay
+    two."""
+    response = row["response_id"]
+    if response is None or len(response) < UNIQUE_RESPONSE_ID_CHARS:
+        return None
+    return "response", row["service"], response, row["call_index"], row["raw"]
+
+
+def recent_key(row: dict[str, Any]) -> tuple[Any, ...] | None:
+    """The key under which a stored row is found again from another trace (`RecentCalls`), if any."""
+    if row["tool_call_id"]:
+        return content_key(row) if len(row["tool_call_id"]) >= UNIQUE_ID_CHARS else None
+    return response_key(row)
 
 
 def fill(kept: dict[str, Any], other: dict[str, Any]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +38,11 @@ def _last_user(body: Mapping[str, Any]) -> str:
 def _last_role(body: Mapping[str, Any]) -> str | None:
     messages = body.get("messages") or [{}]
     return messages[-1].get("role")
+
+
+def _response_id() -> str:
+    """Drawn at random for each response, as model servers do."""
+    return f"chatcmpl-{uuid.uuid4().hex}"
 
 
 def native(calls: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -127,7 +133,7 @@ class ScriptedModel:
         if reply.tool_calls:
             message["tool_calls"] = reply.tool_calls
         sent = json.dumps({  # json's spacing, not the proxy's orjson: re-encoding would show
-            "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": self.model,
+            "id": _response_id(), "object": "chat.completion", "created": 1, "model": self.model,
             "choices": [{"index": 0, "message": message, "logprobs": None,
                          "finish_reason": "tool_calls" if reply.tool_calls else "stop"}],
             "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}}).encode()
@@ -135,8 +141,10 @@ class ScriptedModel:
         return Response(sent, media_type="application/json")
 
     async def _stream(self, key: str, reply: Reply, body: Mapping[str, Any]):  # type: ignore[no-untyped-def]
+        response_id = _response_id()
+
         def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-            return b"data: " + orjson.dumps({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
+            return b"data: " + orjson.dumps({"id": response_id, "object": "chat.completion.chunk", "created": 1,
                                               "model": self.model, "choices": [
                                                   {"index": 0, "delta": delta, "logprobs": None,
                                                    "finish_reason": finish}]}) + b"\n\n"
@@ -155,7 +163,7 @@ class ScriptedModel:
                     yield chunk({"tool_calls": [{"index": k, "function": {"arguments": arguments[i:i + 5]}}]})
             yield chunk({}, "tool_calls" if reply.tool_calls else "stop")
             if (body.get("stream_options") or {}).get("include_usage"):
-                yield b"data: " + orjson.dumps({"id": "chatcmpl-1", "object": "chat.completion.chunk",
+                yield b"data: " + orjson.dumps({"id": response_id, "object": "chat.completion.chunk",
                                                  "created": 1, "model": self.model, "choices": [],
                                                  "usage": {"prompt_tokens": 11, "completion_tokens": 7,
                                                            "total_tokens": 18}}) + b"\n\n"

@@ -521,3 +521,22 @@ def test_openinference_langchain_llm_span_keeps_the_call_langchain_could_not_par
                            "llm.output_messages.0.message.role": "assistant",
                            "output.value": json.dumps(generation)})).calls
     assert (call.name, call.tool_call_id, json.loads(call.raw)["arguments"]) == ("get_weather", "c2", '{"city": "Par')
+
+
+@pytest.mark.parametrize("recorded", [
+    {"gen_ai.response.id": "chatcmpl-7Hq2"},
+    {"output.value": json.dumps({"id": "chatcmpl-7Hq2", "object": "chat.completion", "choices": []})},
+    {"output.value": json.dumps({"id": "chatcmpl-7Hq2", "choices": []})},  # OpenInference's streamed completion
+    {"output.value": json.dumps({"generations": [[]], "llm_output": {"id": "chatcmpl-7Hq2"}, "type": "LLMResult"})},
+])
+def test_a_call_written_as_text_keeps_the_response_id_the_span_records(recorded: dict[str, Any]) -> None:
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    [call] = extract(span({"openinference.span.kind": "LLM", "llm.tools.0.tool.json_schema": json.dumps(WEATHER_OPENAI),
+                           "llm.output_messages.0.message.role": "assistant",
+                           "llm.output_messages.0.message.content": text, **recorded})).calls
+    assert (call.read_name, call.response_id) == ("get_weather", "chatcmpl-7Hq2")
+    streamed_langchain = {"generations": [[]], "llm_output": None, "type": "LLMResult"}
+    [call] = extract(span({"llm.output_messages.0.message.content": text,
+                           "output.value": json.dumps(streamed_langchain),
+                           "llm.tools.0.tool.json_schema": json.dumps(WEATHER_OPENAI)})).calls
+    assert call.response_id is None

@@ -114,3 +114,26 @@ def test_the_sidecar_s_record_of_a_call_does_not_take_the_agent_s_row(sqlite_url
         traces = sorted(conn.execute(select(ToolCallRow.trace_id)).scalars())
     engine.dispose()
     assert traces == ["a1" * 16, "b2" * 16]
+
+
+def test_a_call_written_as_text_is_one_call_per_response_whose_id_is_drawn_at_random(sqlite_url: str) -> None:
+    """A call written as text has no id: seen in two traces it is one row where both spans record one response id
+    drawn at random, and two where the ids differ or are numbers a server repeats (Ollama's `chatcmpl-` and 3
+    digits)."""
+    engine = make_engine(sqlite_url)
+    upgrade(engine)
+    writer = SpanWriter(engine.dialect)
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    sent = [("a1" * 16, "chatcmpl-9fQx2LmN4rT7vWc1"), ("b2" * 16, "chatcmpl-9fQx2LmN4rT7vWc1"),  # one response
+            ("c3" * 16, "chatcmpl-Zq81pXv0sLk3mNa2"),  # another response, the same text
+            ("d4" * 16, "chatcmpl-417"), ("e5" * 16, "chatcmpl-417")]  # a repeated number
+    for trace, response_id in sent:
+        chat = {**chat_attributes([]), "gen_ai.response.id": response_id,
+                "gen_ai.output.messages": json.dumps([{"role": "assistant",
+                                                       "parts": [{"type": "text", "content": text}]}])}
+        _write(engine, writer, [make_span(trace, "01" * 8, "chat", chat)])
+    with engine.connect() as conn:
+        rows = conn.execute(select(ToolCallRow.trace_id, ToolCallRow.name, ToolCallRow.raw)).all()
+    engine.dispose()
+    assert sorted(r.trace_id for r in rows) == ["a1" * 16, "c3" * 16, "d4" * 16, "e5" * 16]
+    assert {(r.name, r.raw) for r in rows} == {("get_weather", text)}

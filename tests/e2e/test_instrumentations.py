@@ -9,8 +9,10 @@ and asks for its own model name, so its rows are told apart by `model`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -74,11 +76,11 @@ class Agents:
     db_url: str
     workdir: Path
 
-    def run(self, script: str, model: str, **env: str) -> str:
+    def run(self, script: str, model: str, python: str = sys.executable, **env: str) -> str:
         """Run an agent as its own process against the scripted model, asking for `model`; it must exit 0."""
         self.model.model = model
         self.model.replies = replies_for(model)
-        done = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(script)], check=False, cwd=self.workdir,
+        done = subprocess.run([python, "-c", PRELUDE + textwrap.dedent(script)], check=False, cwd=self.workdir,
                               capture_output=True, text=True, timeout=60,
                               env={**os.environ, "COLLECTOR": self.collector.url, "MODEL_URL": self.model_url,
                                    "MODEL": model, "TOOLS": json.dumps(TOOLS), "TURNS": json.dumps(list(TURNS)),
@@ -318,6 +320,100 @@ logfire.shutdown()
 """
 
 
+# --- OpenLLMetry's MCP instrumentation, in an environment of its own -----------------------------------------------
+
+# opentelemetry-instrumentation-mcp 0.62.4, its newest release, patches `mcp.shared.session`, which mcp 2 removed; the
+# lock pins mcp 2.3. So its agent runs in a virtual environment of its own: mcp 1.x, everything else as the lock pins
+# it. Built once from the package index, kept in the user's cache under a key of the pins (about 25 s on 2 cores).
+MCP1_REQUIREMENTS = ("mcp==1.30.0", "opentelemetry-instrumentation-mcp", "opentelemetry-instrumentation-openai",
+                     "opentelemetry-instrumentation-openai-v2", "openai", "opentelemetry-sdk",
+                     "opentelemetry-exporter-otlp-proto-http")
+LOCK = Path(__file__).resolve().parents[2] / "requirements.lock"
+
+
+def own_environment(requirements: tuple[str, ...]) -> Path:
+    """The python of a virtual environment holding `requirements`, the lock's pins for all else; built if missing."""
+    overridden = {r.split("==")[0].lower() for r in requirements if "==" in r}
+    constraints = "".join(line + "\n" for line in LOCK.read_text().splitlines()
+                          if line.split("==")[0].lower() not in overridden)
+    key = hashlib.sha256("\n".join((sys.version, *requirements, constraints)).encode()).hexdigest()[:16]
+    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tracemill-tests" / f"venv-{key}"
+    if not (home / "bin" / "python").exists():
+        building = home.with_name(f"{home.name}.{os.getpid()}")
+        subprocess.run([sys.executable, "-m", "venv", str(building)], check=True)
+        (building / "constraints.txt").write_text(constraints)
+        subprocess.run([str(building / "bin" / "python"), "-m", "pip", "install", "--quiet",
+                        "--disable-pip-version-check", "-c", str(building / "constraints.txt"), *requirements],
+                       check=True, timeout=600)
+        try:
+            building.rename(home)  # whole or not at all, should a run be cut short
+        except OSError:  # another test session built it meanwhile
+            shutil.rmtree(building)
+    return home / "bin" / "python"
+
+
+MCP_SERVER = """
+from mcp.server.fastmcp import FastMCP
+server = FastMCP("weather")
+
+@server.tool()
+def get_weather(city: str) -> str:
+    \"\"\"Current weather for a city.\"\"\"
+    if city == "Atlantis":
+        raise RuntimeError("no weather station in Atlantis")
+    return f"sunny in {city}"
+
+@server.tool()
+def get_forecast(city: str, days: int) -> str:
+    \"\"\"Forecast for the next days.\"\"\"
+    return f"{days} days of sun in {city}"
+
+server.run("stdio")
+"""
+
+# The agent offers the model the MCP server's tools (`tools/list`) and runs the calls it can on the server.
+OPENLLMETRY_MCP = """
+import asyncio, sys
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from openai import OpenAI
+from opentelemetry.instrumentation.mcp import McpInstrumentor
+if os.environ["MODEL_CLIENT"] == "openai-v2":
+    from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
+else:
+    from opentelemetry.instrumentation.openai import OpenAIInstrumentor
+provider = otlp_provider()
+McpInstrumentor().instrument(tracer_provider=provider)
+OpenAIInstrumentor().instrument(tracer_provider=provider)
+tracer = provider.get_tracer("weather-agent")
+client = OpenAI(base_url=MODEL_URL, api_key="not-needed")
+
+async def main():
+    server = StdioServerParameters(command=sys.executable, args=["mcp_server.py"])
+    async with stdio_client(server, errlog=open(os.devnull, "w")) as (read, write):
+        async with ClientSession(read, write) as session:
+            await session.initialize()
+            for turn in TURNS:
+                with tracer.start_as_current_span("weather-agent"):
+                    listed = (await session.list_tools()).tools
+                    tools = [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                                               "parameters": t.inputSchema}} for t in listed]
+                    message = client.chat.completions.create(model=MODEL, tools=tools,
+                                                             messages=[{"role": "user", "content": turn}]
+                                                             ).choices[0].message
+                    for call in message.tool_calls or ():
+                        try:
+                            arguments = json.loads(call.function.arguments)
+                        except ValueError:
+                            continue
+                        if call.function.name in {t.name for t in listed}:
+                            await session.call_tool(call.function.name, arguments)
+
+asyncio.run(main())
+provider.shutdown()
+"""
+
+
 # What each scripted call must be stored as: (name, parsed, name_valid, schema_valid); the text call has no id.
 EXPECTED = {
     "call_valid": ("get_weather", True, True, True), "call_fails": ("get_weather", True, True, True),
@@ -347,6 +443,29 @@ def _rate(hits: int, total: int) -> float | None:
 def test_every_scripted_call_is_stored_once(agents: Agents, library: str) -> None:
     script, env, executed = LIBRARIES[library]
     agents.run(script, library, **env)
+    assert_stored_once(agents, library, executed)
+
+
+@pytest.fixture(scope="module")
+def mcp1_python() -> Path:
+    return own_environment(MCP1_REQUIREMENTS)
+
+
+@pytest.mark.timeout(900)  # the first run builds the environment
+@pytest.mark.parametrize("model_client", ["openllmetry", "openai-v2"])
+def test_openllmetry_mcp(agents: Agents, mcp1_python: Path, model_client: str) -> None:
+    """OpenLLMetry's MCP instrumentation with a real MCP client and server: every execution is linked to its call (by
+    tool name and arguments: its tool spans carry no call id). With openai-v2, whose spans do not list the tools, the
+    `tools/list` result is the tools offered, so the name and schema verdicts are known."""
+    library = f"mcp-openllmetry+{model_client}"
+    (agents.workdir / "mcp_server.py").write_text(MCP_SERVER)
+    agents.run(OPENLLMETRY_MCP, library, str(mcp1_python), MODEL_CLIENT=model_client,
+               OTEL_SEMCONV_STABILITY_OPT_IN="gen_ai_latest_experimental",
+               OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT="SPAN_ONLY")
+    assert_stored_once(agents, library, RAN)
+
+
+def assert_stored_once(agents: Agents, library: str, executed: dict[str, str]) -> None:
     rows = agents.rows(library, lambda rs: len(rs) >= len(EXPECTED)
                        and sum(r.execution_status is not None for r in rs) >= len(executed))
     stored = {(r.tool_call_id.removeprefix(f"{library}-") if r.tool_call_id else None):
@@ -370,7 +489,8 @@ def test_every_scripted_call_is_stored_once(agents: Agents, library: str) -> Non
 
 def test_two_instrumentations_of_one_call_store_it_once(agents: Agents) -> None:
     """OpenInference's LangChain and OpenAI instrumentations together: the OpenAI spans start traces of their own, and
-    each native call is still one row, with the execution LangChain's trace records."""
+    each call is still one row, with the execution LangChain's trace records; the call written as text, which has no
+    id, is one row too (both spans record the response's id)."""
     library = "openinference-langchain+openai"
     agents.run(OPENINFERENCE_LANGCHAIN, library, WITH_OPENAI="1")
     rows = agents.rows(library, lambda rs: len(rs) >= len(EXPECTED) and
@@ -379,5 +499,18 @@ def test_two_instrumentations_of_one_call_store_it_once(agents: Agents) -> None:
     assert {k: (r.name, r.parsed, r.name_valid, r.schema_valid) for k, r in native.items()} == \
         {k: v for k, v in EXPECTED.items() if k}
     assert {k: r.execution_status for k, r in native.items() if r.execution_status} == RAN
-    # Not yet: the call written as text carries no id, so its two sightings (two traces) stay two rows.
-    assert [r.raw for r in rows if r.tool_call_id is None] == [TEXT_CALL, TEXT_CALL]
+    [text] = [r for r in rows if r.tool_call_id is None]
+    assert (text.raw, text.name, text.arguments, text.model) == (TEXT_CALL, "get_forecast", {"city": "Lyon", "days": 2},
+                                                                 library)
+    assert toolset_names(agents.db_url, text.toolset_id) == ["get_forecast", "get_weather"]
+
+
+def test_one_text_call_in_two_responses_is_two_calls(agents: Agents) -> None:
+    """The same call written as text in two responses (the same question asked twice): two rows, though both
+    instrumentations saw each, since each response has its id."""
+    library = "openinference-langchain+openai-twice"
+    agents.run(OPENINFERENCE_LANGCHAIN, library, WITH_OPENAI="1",
+               TURNS=json.dumps(["Forecast for Lyon?", "Forecast for Lyon?"]))
+    rows = agents.rows(library, lambda rs: True)  # the exporters have flushed: what is acknowledged is stored
+    assert [(r.tool_call_id, r.raw) for r in rows] == [(None, TEXT_CALL)] * 2
+    assert len({r.trace_id for r in rows}) == 2
