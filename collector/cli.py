@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from tracemill.store.cli import database_option, open_store, resolve_db
+from tracemill.store.cli import database_option, open_store, read_store, resolve_db
 
 
 @click.command()
@@ -77,7 +77,7 @@ def list_(db_url: str | None) -> None:
     """List keys (never the keys themselves)."""
     from tracemill.collector.keys import list_keys
 
-    for row in list_keys(open_store(db_url)):
+    for row in list_keys(read_store(db_url)):
         state = f"revoked {row.revoked_at:%Y-%m-%d %H:%M}" if row.revoked_at else "active"
         click.echo(f"{row.id}\t{row.prefix}…\t{row.name}\t{row.created_at:%Y-%m-%d %H:%M}Z\t{state}")
 
@@ -89,6 +89,6 @@ def revoke(key_id: int, db_url: str | None) -> None:
     """Revoke key KEY_ID (see `keys list`)."""
     from tracemill.collector.keys import revoke_key
 
-    if not revoke_key(open_store(db_url), key_id):
+    if not revoke_key(read_store(db_url), key_id):
         raise click.ClickException(f"no active key with id {key_id}")
     click.echo(f"key {key_id} revoked")

@@ -12,35 +12,8 @@ from typing import Any
 import click
 
 from tracemill.rates import percent
-from tracemill.store.cli import DATE, call_filter_options, database_option, resolve_db
+from tracemill.store.cli import DATE, call_filter_options, database_option, read_store
 from tracemill.store.queries import CallFilter
-
-
-def open_store(db_url: str | None, where: CallFilter | None = None) -> Any:
-    """The store's engine, or a one-line error naming the store when it cannot be read or is no Tracemill store, or
-    naming the filter value no stored call has."""
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from tracemill.store.engine import make_engine
-    from tracemill.store.migrate import current_revision
-    from tracemill.store.queries import FilterError, check_filter
-
-    engine = make_engine(resolve_db(db_url))
-    shown = engine.url.render_as_string(hide_password=True)
-    try:
-        revision = current_revision(engine)
-        if revision is None:
-            raise click.ClickException(f"no Tracemill store at {shown} (start the collector on it, or run "
-                                       "`tracemill db upgrade`)")
-        if where is not None:
-            with engine.connect() as conn:
-                check_filter(conn, where)
-    except FilterError as exc:
-        raise click.ClickException(str(exc)) from None
-    except SQLAlchemyError as exc:
-        detail = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
-        raise click.ClickException(f"cannot read the store at {shown}: {detail}") from None
-    return engine
 
 
 def _split(value: str) -> tuple[str, ...]:
@@ -70,10 +43,10 @@ def failures(db_url: str | None, where: CallFilter, since: datetime | None, unti
     if not fields or set(fields) - set(GROUP_FIELDS):
         raise click.BadParameter(f"use any of {', '.join(GROUP_FIELDS)}", param_hint="--by")
     where = replace(where, since=since, until=until)
-    engine = open_store(db_url, replace(where, harness_version=None) if compare else where)
+    engine = read_store(db_url, replace(where, harness_version=None) if compare else where)
     if compare:
         for version in compare:
-            open_store(db_url, replace(where, harness_version=version))
+            read_store(db_url, replace(where, harness_version=version))
         rows = compare_harness(engine, compare[0], compare[1], where, by=fields)[:limit]
         _print_comparison(rows, compare, as_json, markdown)
         return
@@ -179,7 +152,7 @@ def mine(db_url: str | None, out: Path, since: str | datetime | None, where: Cal
         raise click.ClickException(str(exc)) from None
     if isinstance(since, datetime):
         where = replace(where, since=since)
-    engine = open_store(db_url, where)
+    engine = read_store(db_url, where)
     options = MineOptions(where=where, since_last=since == "last", eval_after=eval_after, eval_share=eval_share,
                           valid_share=valid_share, seed=seed, workers=workers,
                           prompt=PromptSettings(max_tools=max_tools, budget_tokens=budget_tokens))
@@ -226,7 +199,7 @@ def mine_agent(db_url: str | None, base_url: str, model_name: str, reader_db: st
     from tracemill.miner.readonly import QueryRefused, open_reader
     from tracemill.settings import get_settings
 
-    engine = open_store(db_url)
+    engine = read_store(db_url)
     try:
         reader = open_reader(engine, reader_db)
     except QueryRefused as exc:

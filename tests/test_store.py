@@ -53,9 +53,10 @@ def test_stats_on_a_missing_store_says_so(tmp_path) -> None:  # type: ignore[no-
     assert result.returncode != 0 and "no Tracemill store" in result.stderr
 
 
-def test_stats_on_a_wrong_path_says_the_file_does_not_exist(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_read_on_a_wrong_path_says_the_file_does_not_exist(tmp_path) -> None:  # type: ignore[no-untyped-def]
     missing = tmp_path / "typo.db"
-    for command in (["stats", "--json"], ["db", "current"]):
+    for command in (["stats", "--json"], ["db", "current"], ["keys", "list"], ["keys", "revoke", "1"],
+                    ["models", "list"], ["failures"], ["mine", "--out", str(tmp_path / "export")]):
         result = tracemill(*command, "--db", f"sqlite:///{missing}")
         assert result.returncode != 0 and f"{missing} does not exist" in result.stderr, result.stderr
     assert not missing.exists(), "a read-only command created the database"

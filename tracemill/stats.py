@@ -21,8 +21,8 @@ import click
 from sqlalchemy import Engine, and_, case, func, or_, select
 
 from tracemill.rates import percent, rate
-from tracemill.store.cli import DATE, call_filter_options, database_option, resolve_db
-from tracemill.store.queries import CallFilter, FilterError, check_filter
+from tracemill.store.cli import DATE, call_filter_options, database_option, read_store
+from tracemill.store.queries import CallFilter
 from tracemill.store.tables import ToolCallRow as C
 
 GROUPS = {"model": C.model, "tool": C.name, "harness": C.harness_version, "domain": C.domain}
@@ -94,19 +94,8 @@ def stats(db_url: str | None, by: str | None, where: CallFilter, since: datetime
 
     valid_tool_name_rate, input_schema_compliance, execution_success_rate, valid_call_failure_rate and total_calls;
     see `tracemill.stats` for how each is counted."""
-    from tracemill.store.engine import make_engine
-    from tracemill.store.migrate import current_revision
-
-    engine = make_engine(resolve_db(db_url), must_exist=True)
-    if current_revision(engine) is None:
-        raise click.ClickException(f"no Tracemill store at {engine.url.render_as_string(hide_password=True)} "
-                                   "(start the collector on it, or run `tracemill db upgrade`)")
     where = replace(where, since=since, until=until)
-    with engine.connect() as conn:
-        try:
-            check_filter(conn, where)
-        except FilterError as exc:
-            raise click.ClickException(str(exc)) from None
+    engine = read_store(db_url, where)
     overall, groups = compute(engine, by, where)
     if as_json:
         click.echo(json.dumps({**asdict(overall), "groups": {k: asdict(v) for k, v in groups.items()}}, indent=2))

@@ -16,7 +16,7 @@ import click
 from sqlalchemy import Engine, func, select
 
 from tracemill.rates import percent
-from tracemill.store.cli import database_option, open_store
+from tracemill.store.cli import database_option, read_store
 from tracemill.store.tables import DatasetRow, ModelRow
 
 
@@ -75,7 +75,7 @@ def list_command(db_url: str | None, as_json: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    rows = list_models(open_store(db_url))
+    rows = list_models(read_store(db_url))
     if as_json:
         click.echo(json.dumps([{"id": r.id, "name": r.name, "base_model": r.base_model, "kind": r.kind,
                                 "path": r.path, "dataset_id": r.dataset_id, "dataset_hash": r.dataset_hash,

@@ -21,18 +21,56 @@ def resolve_db(db_url: str | None) -> str:
 
 
 def open_store(db_url: str | None):  # type: ignore[no-untyped-def]
-    """The store's engine, migrated if it is a SQLite file; a PostgreSQL store must be migrated on purpose."""
-    from tracemill.store.engine import is_sqlite, make_engine
-    from tracemill.store.migrate import current_revision, head_revision, upgrade
+    """The store's engine, migrated if it is a SQLite file (created if there is none: for commands that write, such as
+    the collector); a PostgreSQL store must be migrated on purpose."""
+    from tracemill.store.engine import make_engine
 
     url = resolve_db(db_url)
-    engine = make_engine(url)
+    return _migrated(make_engine(url), url)
+
+
+def _migrated(engine: Any, url: str) -> Any:
+    from tracemill.store.engine import is_sqlite
+    from tracemill.store.migrate import current_revision, head_revision, upgrade
+
     if is_sqlite(url):
         upgrade(engine)
     elif current_revision(engine) != head_revision():
         raise click.ClickException(
             f"the store at {engine.url.render_as_string(hide_password=True)} is at schema revision "
             f"{current_revision(engine) or 'none'}, not {head_revision()}: run `tracemill db upgrade --db URL` first")
+    return engine
+
+
+def read_store(db_url: str | None, where: Any = None):  # type: ignore[no-untyped-def]
+    """`open_store` for commands that read what was stored: a store that is not there, or a database that is no
+    Tracemill store, is a one-line error naming it (never an empty store made on a mistyped path), as is a filter
+    value (`where`, a CallFilter) no stored call has."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from tracemill.store.engine import StoreURLError, make_engine
+    from tracemill.store.migrate import current_revision
+    from tracemill.store.queries import FilterError, check_filter
+
+    url = resolve_db(db_url)
+    hint = "(start the collector on it, or run `tracemill db upgrade`)"
+    try:
+        engine = make_engine(url, must_exist=True)
+    except StoreURLError as exc:
+        raise click.ClickException(f"{exc} {hint}") from None
+    shown = engine.url.render_as_string(hide_password=True)
+    try:
+        if current_revision(engine) is None:
+            raise click.ClickException(f"no Tracemill store at {shown} {hint}")
+        _migrated(engine, url)
+        if where is not None:
+            with engine.connect() as conn:
+                check_filter(conn, where)
+    except FilterError as exc:
+        raise click.ClickException(str(exc)) from None
+    except SQLAlchemyError as exc:
+        detail = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+        raise click.ClickException(f"cannot read the store at {shown}: {detail}") from None
     return engine
 
 
