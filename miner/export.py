@@ -190,12 +190,14 @@ def _merge(work: Path, parts: int) -> tuple[dict[str, Any], int, str]:
         digest = hashlib.sha256()
         counts: dict[str, Counter[str]] = {k: Counter() for k in _COUNTED}
         kept: list[list[bool]] = []
+        lengths: list[list[int]] = []
         for part in range(parts):
-            mask = []
+            mask, sizes = [], []
             for info in part_files(work, part, split)[1].read_bytes().splitlines():
-                key, line_hash, _, *values = orjson.loads(info)
+                key, line_hash, size, *values = orjson.loads(info)
                 keep = key not in seen
                 mask.append(keep)
+                sizes.append(size)
                 if not keep:
                     dropped += 1
                     continue
@@ -205,7 +207,8 @@ def _merge(work: Path, parts: int) -> tuple[dict[str, Any], int, str]:
                 for name, value in zip(_COUNTED, values, strict=True):
                     counts[name]["none" if value is None else str(value)] += 1
             kept.append(mask)
-        _copy_lines(work, split, kept)
+            lengths.append(sizes)
+        _copy_lines(work, split, kept, lengths)
         merge_parquet([part_files(work, p, split)[0].with_suffix(".parquet") for p in range(parts)], kept,
                       work / f"{split}.parquet")
         for part in range(parts):
@@ -218,17 +221,26 @@ def _merge(work: Path, parts: int) -> tuple[dict[str, Any], int, str]:
     return summaries, dropped, content.hexdigest()
 
 
-def _copy_lines(work: Path, split: str, kept: list[list[bool]]) -> None:
+def _copy_lines(work: Path, split: str, kept: list[list[bool]], lengths: list[list[int]]) -> None:
     with open(work / f"{split}.jsonl", "wb") as out:
-        for part, mask in enumerate(kept):
-            lines, meta = part_files(work, part, split)
-            lengths = [orjson.loads(info)[2] for info in meta.read_bytes().splitlines()]
-            with open(lines, "rb") as source:
-                offset = 0
-                for keep, length in zip(mask, lengths, strict=True):
-                    if keep:
-                        _copy_range(source, out, offset, length)
-                    offset += length
+        for part, (mask, sizes) in enumerate(zip(kept, lengths, strict=True)):
+            with open(part_files(work, part, split)[0], "rb") as source:
+                for start, length in _kept_ranges(mask, sizes):
+                    _copy_range(source, out, start, length)
+
+
+def _kept_ranges(mask: list[bool], lengths: list[int]) -> list[tuple[int, int]]:
+    """(offset, length) of each run of kept lines: a part is copied in as few ranges as it has runs."""
+    ranges: list[tuple[int, int]] = []
+    offset = 0
+    for keep, length in zip(mask, lengths, strict=True):
+        if keep:
+            if ranges and sum(ranges[-1]) == offset:
+                ranges[-1] = (ranges[-1][0], ranges[-1][1] + length)
+            else:
+                ranges.append((offset, length))
+        offset += length
+    return ranges
 
 
 def _copy_range(source: Any, out: Any, offset: int, length: int) -> None:
