@@ -23,11 +23,11 @@ from typing import Any
 from sqlalchemy import Connection, Engine, case, func, or_, select
 
 from tracemill.rates import rate
-from tracemill.store.queries import CallFilter, call_counts
-from tracemill.store.tables import CALL_DAY, DAY_NS
+from tracemill.store.queries import CallFilter
 from tracemill.store.tables import ToolCallRow as C
 
 GROUP_FIELDS = ("tool", "stage", "kind", "pointer")
+DAY_NS = 86_400 * 1_000_000_000
 NONE = "(none)"
 
 
@@ -130,9 +130,12 @@ def day_of(start_time_ns: int) -> str:
 
 
 _FAILED = or_(C.stage.is_not(None), C.execution_status == "error")
+_DAY = C.start_time_ns // DAY_NS
+_TOTALS = (_DAY, C.model, C.harness_version)
+# Grouped apart from the totals: a GROUP BY sorts every row it reads (SQLite), and the failed ones are the fewer.
 _FAILURE_GROUP = (C.name, C.stage, case((C.stage.is_not(None), C.violations[(0, "kind")].as_string())),
                   case((C.stage.is_not(None), C.violations[(0, "pointer")].as_string())),
-                  case((C.stage.is_(None), C.execution_error)), C.model, C.harness_version, CALL_DAY)
+                  case((C.stage.is_(None), C.execution_error)), _DAY, C.model, C.harness_version)
 
 
 def _label(value: str | None) -> str:
@@ -144,9 +147,8 @@ class FailureCounts:
     """Every call `where` selects counted once by (day, model, harness version), and every failed one also by its
     full `FailureKey`: what any `FailureReport` of these calls is made from. `update` reads only what was stored since
     the last update, plus the newest `recount` ids again (a call's execution may be stored after the call, and turn
-    it into an execution failure): the calls through `queries.call_counts` (from nothing, one read of an index), the
-    failed ones in windows of ids, each one GROUP BY in its own short transaction. A reader who keeps the counts (the
-    UI) pays for new calls only."""
+    it into an execution failure), in windows of ids, each read in its own short transaction (the calls by day, model
+    and harness version; the failed ones by key): a reader who keeps the counts (the UI) pays for new calls only."""
 
     where: CallFilter = field(default_factory=CallFilter)
     settled_id: int = 0  # calls up to this id are in `calls` and `failed` for good
@@ -170,16 +172,16 @@ class FailureCounts:
     def _count(self, engine: Engine, low: int, top: int, calls: Counter[tuple[str, str, str]],
                failed: Counter[tuple[FailureKey, str, str, str]], window: int) -> None:
         conditions = replace(self.where, failed=None, after_id=None).conditions()
-        with engine.connect() as conn:
-            for (day, model, harness, _, _), n in call_counts(conn, low, top, window, conditions).items():
-                calls[(day_of(day * DAY_NS), _label(model), _label(harness))] += n
-        while low < top:  # the failed calls only: what a failure's key is made of is not in an index
+        while low < top:
             high = min(low + window, top)
-            statement = (select(*_FAILURE_GROUP, func.count()).where(C.id > low, C.id <= high, _FAILED, *conditions)
-                         .group_by(*_FAILURE_GROUP))
+            within = (C.id > low, C.id <= high, *conditions)
             with engine.connect() as conn:
-                rows = conn.execute(statement).all()
-            for name, stage, kind, pointer, error, model, harness, day, n in rows:
+                totals = conn.execute(select(*_TOTALS, func.count()).where(*within).group_by(*_TOTALS)).all()
+                rows = conn.execute(select(*_FAILURE_GROUP, func.count()).where(*within, _FAILED)
+                                    .group_by(*_FAILURE_GROUP)).all()
+            for day, model, harness, n in totals:
+                calls[(day_of(int(day) * DAY_NS), _label(model), _label(harness))] += int(n)
+            for name, stage, kind, pointer, error, day, model, harness, n in rows:
                 key = (FailureKey(name, stage, kind or "unknown", pointer or "") if stage is not None
                        else FailureKey(name, "execution", execution_error_kind(error), ""))
                 failed[(key, day_of(int(day) * DAY_NS), _label(model), _label(harness))] += int(n)

@@ -4,7 +4,6 @@ nothing here writes."""
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
@@ -14,7 +13,7 @@ from sqlalchemy import ColumnElement, Connection, Engine, Select, and_, func, or
 
 from tracemill.spans import SpanRecord
 from tracemill.store.payloads import resolve
-from tracemill.store.tables import CALL_DAY, SpanRow, ToolCallRow, ToolsetRow
+from tracemill.store.tables import SpanRow, ToolCallRow, ToolsetRow
 from tracemill.tools import Tool, normalize_tools
 
 C = ToolCallRow
@@ -190,27 +189,6 @@ def _as_kwargs(f: CallFilter) -> dict[str, Any]:
 
 def count_calls(conn: Connection, f: CallFilter = CallFilter()) -> int:
     return int(conn.execute(f.apply(select(func.count()).select_from(C))).scalar_one())
-
-
-_COUNTED = (CALL_DAY, C.model, C.harness_version, C.domain, C.name)  # the order of tables.COUNTS_INDEX
-
-
-def call_counts(conn: Connection, low: int, high: int, window: int = 100_000,
-                conditions: Sequence[ColumnElement[bool]] = ()) -> Counter[tuple[Any, ...]]:
-    """The calls with `low` < id <= `high` that meet `conditions`, counted by (UTC day as days since 1970, model,
-    harness version, domain, tool). From the first id with no conditions, one read of `ix_tool_calls_counts`, whose
-    order is the groups' (SQLite sorts the rows of a GROUP BY that no index orders); otherwise windows of `window`
-    ids, one GROUP BY each."""
-    found: Counter[tuple[Any, ...]] = Counter()
-    bounds = [(low, high)] if low == 0 and not conditions else \
-        [(start, min(start + window, high)) for start in range(low, high, window)]
-    for start, end in bounds:
-        statement = select(*_COUNTED, func.count()).where(C.id <= end, *conditions).group_by(*_COUNTED)
-        if start:  # with no lower bound SQLite reads the index rather than the id range of the table
-            statement = statement.where(C.id > start)
-        for day, *key, n in conn.execute(statement):
-            found[(int(day), *key)] += int(n)
-    return found
 
 
 def call(conn: Connection, call_id: int) -> StoredCall | None:

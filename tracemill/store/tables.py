@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text,
-                        UniqueConstraint, literal_column)
+                        UniqueConstraint)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -106,17 +106,6 @@ class ToolCallRow(Base):
     repairs_id: Mapped[int | None] = mapped_column(ForeignKey("tool_calls.id"))
     start_time_ns: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-
-
-DAY_NS = 86_400 * 1_000_000_000
-# The UTC day of a call's start, written out (not bound) so that SQLite matches it to the index below.
-CALL_DAY = ToolCallRow.start_time_ns.op("/")(literal_column(str(DAY_NS)))
-# What the filter values and the failure modes' totals count the calls by, in this order: SQLite reads the groups
-# from this index instead of sorting every row (`tracemill.store.queries.call_counts`). The day leads so that no
-# query that selects calls by model or tool takes it for a lookup; `start_time_ns` makes it covering for SQLite
-# before 3.41, which reads an indexed expression's columns from the table.
-COUNTS_INDEX = Index("ix_tool_calls_counts", CALL_DAY, ToolCallRow.model, ToolCallRow.harness_version,
-                     ToolCallRow.domain, ToolCallRow.name, ToolCallRow.start_time_ns)
 
 
 class ToolExecutionRow(Base):

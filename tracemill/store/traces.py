@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, func, or_, select
 
-from tracemill.store.queries import CallFilter, call_counts
+from tracemill.store.queries import CallFilter
 from tracemill.store.tables import SpanRow, ToolCallRow
 
 C = ToolCallRow
@@ -209,17 +209,22 @@ def facets(conn: Connection, recent_spans: int = 100_000, known: Facets | None =
            window: int = 100_000) -> Facets:
     """Filter values: every model, harness version, domain and tool of the stored calls, and the services of the
     traces among the newest `recent_spans` spans. With `known` (an earlier answer) only the calls stored since are
-    read (`queries.call_counts`)."""
+    read; the calls are read in windows of ids, one GROUP BY each."""
     counts = [dict(d) for d in (known.models, known.harness_versions, known.domains, known.tools)] if known else \
         [{}, {}, {}, {}]
     low = known.counted_to if known else 0
-    top = max(low, _top(conn, C.id) - 1)
-    for (_day, *values), n in call_counts(conn, low, top, window).items():
-        for found, value in zip(counts, values, strict=True):
-            if value is not None:
-                found[value] = found.get(value, 0) + n
+    top = _top(conn, C.id) - 1
+    while low < top:
+        high = min(low + window, top)
+        rows = conn.execute(select(C.model, C.harness_version, C.domain, C.name, func.count())
+                            .where(C.id > low, C.id <= high).group_by(C.model, C.harness_version, C.domain, C.name))
+        for *values, n in rows:
+            for found, value in zip(counts, values, strict=True):
+                if value is not None:
+                    found[value] = found.get(value, 0) + int(n)
+        low = high
     spans_top = _top(conn, SpanRow.id)
     services = conn.execute(select(SpanRow.service_name).where(SpanRow.id >= spans_top - recent_spans,
                                                                SpanRow.parent_span_id.is_(None),
                                                                SpanRow.service_name.is_not(None)).distinct())
-    return Facets(*counts, tuple(sorted(services.scalars())), top)
+    return Facets(*counts, tuple(sorted(services.scalars())), max(low, known.counted_to if known else 0))
