@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, case, func, or_, select
+from sqlalchemy import Connection, Engine, case, func, or_, select
 
 from tracemill.rates import rate
 from tracemill.store.queries import CallFilter
@@ -130,10 +130,12 @@ def day_of(start_time_ns: int) -> str:
 
 
 _FAILED = or_(C.stage.is_not(None), C.execution_status == "error")
-_GROUP = (C.name, C.stage, case((C.stage.is_not(None), C.violations[(0, "kind")].as_string())),
-          case((C.stage.is_not(None), C.violations[(0, "pointer")].as_string())),
-          case((and_(C.stage.is_(None), C.execution_status == "error"), C.execution_error)),
-          case((_FAILED, 1), else_=0), C.model, C.harness_version, C.start_time_ns // DAY_NS)
+_DAY = C.start_time_ns // DAY_NS
+_TOTALS = (C.harness_version, C.model, _DAY)  # the most varied first: SQLite's sort compares fewer columns
+# Grouped apart from the totals: a GROUP BY sorts every row it reads (SQLite), and the failed ones are the fewer.
+_FAILURE_GROUP = (C.name, C.stage, case((C.stage.is_not(None), C.violations[(0, "kind")].as_string())),
+                  case((C.stage.is_not(None), C.violations[(0, "pointer")].as_string())),
+                  case((C.stage.is_(None), C.execution_error)), _DAY, C.model, C.harness_version)
 
 
 def _label(value: str | None) -> str:
@@ -145,8 +147,8 @@ class FailureCounts:
     """Every call `where` selects counted once by (day, model, harness version), and every failed one also by its
     full `FailureKey`: what any `FailureReport` of these calls is made from. `update` reads only what was stored since
     the last update, plus the newest `recount` ids again (a call's execution may be stored after the call, and turn
-    it into an execution failure), in windows of ids, each one GROUP BY in its own short transaction: a reader who
-    keeps the counts (the UI) pays for new calls only."""
+    it into an execution failure), in windows of ids, each read in its own short transaction (the calls by day, model
+    and harness version; the failed ones by key): a reader who keeps the counts (the UI) pays for new calls only."""
 
     where: CallFilter = field(default_factory=CallFilter)
     settled_id: int = 0  # calls up to this id are in `calls` and `failed` for good
@@ -169,19 +171,20 @@ class FailureCounts:
 
     def _count(self, engine: Engine, low: int, top: int, calls: Counter[tuple[str, str, str]],
                failed: Counter[tuple[FailureKey, str, str, str]], window: int) -> None:
-        where = replace(self.where, failed=None, after_id=None)
+        conditions = replace(self.where, failed=None, after_id=None).conditions()
         while low < top:
             high = min(low + window, top)
-            statement = where.apply(select(*_GROUP, func.count())).where(C.id > low, C.id <= high).group_by(*_GROUP)
+            within = (C.id > low, C.id <= high, *conditions)
             with engine.connect() as conn:
-                rows = conn.execute(statement).all()
-            for name, stage, kind, pointer, error, is_failed, model, harness, day, n in rows:
-                at = (day_of(int(day) * DAY_NS), _label(model), _label(harness))
-                calls[at] += int(n)
-                if is_failed:
-                    key = (FailureKey(name, stage, kind or "unknown", pointer or "") if stage is not None
-                           else FailureKey(name, "execution", execution_error_kind(error), ""))
-                    failed[(key, *at)] += int(n)
+                totals = conn.execute(select(*_TOTALS, func.count()).where(*within).group_by(*_TOTALS)).all()
+                rows = conn.execute(select(*_FAILURE_GROUP, func.count()).where(*within, _FAILED)
+                                    .group_by(*_FAILURE_GROUP)).all()
+            for harness, model, day, n in totals:
+                calls[(day_of(int(day) * DAY_NS), _label(model), _label(harness))] += int(n)
+            for name, stage, kind, pointer, error, day, model, harness, n in rows:
+                key = (FailureKey(name, stage, kind or "unknown", pointer or "") if stage is not None
+                       else FailureKey(name, "execution", execution_error_kind(error), ""))
+                failed[(key, day_of(int(day) * DAY_NS), _label(model), _label(harness))] += int(n)
             low = high
 
     def report(self, by: Sequence[str] = GROUP_FIELDS, limit: int | None = None,
