@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import orjson
-from sqlalchemy import Connection, and_, bindparam, case, func, or_, select, update
+from sqlalchemy import ARRAY, Connection, Text, and_, any_, bindparam, case, func, or_, select, update
 
 from tracemill.store.tables import SpanRow, ToolCallRow
 
@@ -69,25 +69,39 @@ def stored_twins(conn: Connection, call_ids: set[str], response_ids: set[str]) -
     """`recent_key` -> (trace, span, call index) of the first stored row with one of these tool call ids, or
     (written as text) response ids, whichever process stored it; its service is its span's."""
     found: dict[tuple[Any, ...], tuple[str, str, int]] = {}
-    terms = []
-    if call_ids:
-        terms.append(_CALLS.c.tool_call_id.in_(call_ids))
-    if response_ids:
-        terms.append(_CALLS.c.response_id.in_(response_ids))
-    if not terms:
+    if not call_ids and not response_ids:
         return found
-    rows = conn.execute(
-        select(_CALLS.c.trace_id, _CALLS.c.span_id, _CALLS.c.call_index, _CALLS.c.tool_call_id, _CALLS.c.name,
-               _CALLS.c.arguments, _CALLS.c.raw, _CALLS.c.response_id, _SPANS.c.service_name.label("service"))
-        .outerjoin(_SPANS, and_(_SPANS.c.trace_id == _CALLS.c.trace_id, _SPANS.c.span_id == _CALLS.c.span_id))
-        .where(or_(*terms))
-        .order_by(_CALLS.c.id)
-    )
-    for row in rows:
+    sqlite = conn.dialect.name == "sqlite"
+    lists = {"tool_call_id_list": list(call_ids), "response_id_list": list(response_ids)}
+    if sqlite:
+        lists = {key: orjson.dumps(values).decode() for key, values in lists.items()}
+    for row in conn.execute(_STORED_TWINS[sqlite], lists):
         key = recent_key(row._mapping)
         if key is not None:
             found.setdefault(key, (row.trace_id, row.span_id, row.call_index))
     return found
+
+
+def _listed(column: Any, sqlite: bool) -> Any:
+    """`column` is one of a list bound as one parameter (a JSON array on SQLite, an array on PostgreSQL): hundreds of
+    ids cost one bound value, not one each."""
+    if sqlite:
+        values = func.json_each(bindparam(column.key + "_list", type_=Text)).table_valued("value")
+        return column.in_(select(values.c.value))
+    return column == any_(bindparam(column.key + "_list", type_=ARRAY(Text)))
+
+
+def _stored_twins(sqlite: bool) -> Any:
+    return (
+        select(_CALLS.c.trace_id, _CALLS.c.span_id, _CALLS.c.call_index, _CALLS.c.tool_call_id, _CALLS.c.name,
+               _CALLS.c.arguments, _CALLS.c.raw, _CALLS.c.response_id, _SPANS.c.service_name.label("service"))
+        .outerjoin(_SPANS, and_(_SPANS.c.trace_id == _CALLS.c.trace_id, _SPANS.c.span_id == _CALLS.c.span_id))
+        .where(or_(_listed(_CALLS.c.tool_call_id, sqlite), _listed(_CALLS.c.response_id, sqlite)))
+        .order_by(_CALLS.c.id)
+    )
+
+
+_STORED_TWINS = {sqlite: _stored_twins(sqlite) for sqlite in (True, False)}
 
 
 def fill(kept: dict[str, Any], other: dict[str, Any]) -> None:
