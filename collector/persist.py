@@ -498,11 +498,16 @@ def _link_stored_by_content(conn: Connection, executions: list[dict[str, Any]]) 
 
 def _stored_owners(conn: Connection, first_span: dict[tuple[str, str], str]) -> dict[tuple[str, str], tuple[str, int]]:
     """(trace, tool call id) -> the (span, call index) of the stored row that holds that call."""
-    stored = conn.execute(
-        select(_CALLS.c.trace_id, _CALLS.c.tool_call_id, _CALLS.c.span_id, _CALLS.c.call_index)
-        .where(_CALLS.c.trace_id.in_({t for t, _ in first_span}), _CALLS.c.tool_call_id.is_not(None))
-    ).all()
+    sqlite = conn.dialect.name == "sqlite"
+    stored = conn.execute(_STORED_OWNERS[sqlite], same_call.listed_params(sqlite, trace_id={t for t, _ in first_span}))
     return {(r.trace_id, r.tool_call_id): (r.span_id, r.call_index) for r in stored}
+
+
+_STORED_OWNERS = {
+    sqlite: select(_CALLS.c.trace_id, _CALLS.c.tool_call_id, _CALLS.c.span_id, _CALLS.c.call_index)
+    .where(same_call.one_of(_CALLS.c.trace_id, sqlite), _CALLS.c.tool_call_id.is_not(None))
+    for sqlite in (True, False)
+}
 
 
 def _service(span: SpanRecord) -> str | None:

@@ -18,7 +18,7 @@ names the same tool with the same arguments (`same_arguments`)."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -72,9 +72,7 @@ def stored_twins(conn: Connection, call_ids: set[str], response_ids: set[str]) -
     if not call_ids and not response_ids:
         return found
     sqlite = conn.dialect.name == "sqlite"
-    lists = {"tool_call_id_list": list(call_ids), "response_id_list": list(response_ids)}
-    if sqlite:
-        lists = {key: orjson.dumps(values).decode() for key, values in lists.items()}
+    lists = listed_params(sqlite, tool_call_id=call_ids, response_id=response_ids)
     for row in conn.execute(_STORED_TWINS[sqlite], lists):
         key = recent_key(row._mapping)
         if key is not None:
@@ -82,13 +80,20 @@ def stored_twins(conn: Connection, call_ids: set[str], response_ids: set[str]) -
     return found
 
 
-def _listed(column: Any, sqlite: bool) -> Any:
-    """`column` is one of a list bound as one parameter (a JSON array on SQLite, an array on PostgreSQL): hundreds of
-    ids cost one bound value, not one each."""
+def one_of(column: Any, sqlite: bool) -> Any:
+    """`column` is one of a list bound as one parameter (a JSON array on SQLite, an array on PostgreSQL; its value from
+    `listed_params`): hundreds of ids cost one bound value, not one each."""
     if sqlite:
         values = func.json_each(bindparam(column.key + "_list", type_=Text)).table_valued("value")
         return column.in_(select(values.c.value))
-    return column == any_(bindparam(column.key + "_list", type_=ARRAY(Text)))
+    return column == any_(bindparam(column.key + "_list", type_=ARRAY(column.type)))
+
+
+def listed_params(sqlite: bool, **lists: Iterable[str]) -> dict[str, Any]:
+    """The parameters of `one_of(column)` for each column name given."""
+    if sqlite:
+        return {name + "_list": orjson.dumps(list(values)).decode() for name, values in lists.items()}
+    return {name + "_list": list(values) for name, values in lists.items()}
 
 
 def _stored_twins(sqlite: bool) -> Any:
@@ -96,7 +101,7 @@ def _stored_twins(sqlite: bool) -> Any:
         select(_CALLS.c.trace_id, _CALLS.c.span_id, _CALLS.c.call_index, _CALLS.c.tool_call_id, _CALLS.c.name,
                _CALLS.c.arguments, _CALLS.c.raw, _CALLS.c.response_id, _SPANS.c.service_name.label("service"))
         .outerjoin(_SPANS, and_(_SPANS.c.trace_id == _CALLS.c.trace_id, _SPANS.c.span_id == _CALLS.c.span_id))
-        .where(or_(_listed(_CALLS.c.tool_call_id, sqlite), _listed(_CALLS.c.response_id, sqlite)))
+        .where(or_(one_of(_CALLS.c.tool_call_id, sqlite), one_of(_CALLS.c.response_id, sqlite)))
         .order_by(_CALLS.c.id)
     )
 
