@@ -189,29 +189,46 @@ class SpanWriter:
         unnamed = [r for r in batch.executions if not r["tool_call_id"] and r["tool_name"] and id(r) not in linked]
         if unnamed:
             _link_stored_by_content(conn, unnamed)
-        self._new_calls = [(key, (r["trace_id"], r["span_id"], r["call_index"]))
-                           for r in calls if (key := same_call.recent_key(r)) is not None]
+        self._new_calls = [(r["twin_key"], (r["trace_id"], r["span_id"], r["call_index"]))
+                           for r in calls if r["twin_key"] is not None]
 
     def _one_row_per_call(self, conn: Connection, rows: list[dict[str, Any]], first_span: dict[tuple[str, str], str]
                           ) -> tuple[list[dict[str, Any]], dict[tuple[str, str, int], dict[str, Any]],
                                      dict[int, tuple[str, str]]]:
         """The rows to insert, one per call (`same_call`); the stored rows to fill from the others, by key; and for a
-        kept row that another trace showed too, that trace's (trace, call id), where its execution may be."""
+        kept row that another trace showed too, that trace's (trace, call id), where its execution may be. Each row
+        gets its `twin_key` (`same_call.recent_key`)."""
         owners = _stored_owners(conn, first_span) if first_span else {}
+        recent_calls = self._recent_calls
+        # the twins neither this batch nor this writer's recent calls know of, looked for in the store at once
+        unknown: set[tuple[Any, ...]] = set()
+        call_ids: set[str] = set()
+        response_ids: set[str] = set()
+        for row in rows:
+            row["twin_key"] = content = same_call.recent_key(row)
+            if content is not None and content not in recent_calls and content not in unknown:
+                unknown.add(content)
+                if row["tool_call_id"]:
+                    call_ids.add(row["tool_call_id"])
+                else:
+                    response_ids.add(row["response_id"])
+        stored = same_call.stored_twins(conn, call_ids, response_ids) if unknown else {}
         kept: list[dict[str, Any]] = []
         fills: dict[tuple[str, str, int], dict[str, Any]] = {}
         in_trace: dict[tuple[str, str], dict[str, Any]] = {}
         by_content: dict[tuple[Any, ...], dict[str, Any]] = {}
         seen_as: dict[int, tuple[str, str]] = {}
+        filled: list[dict[str, Any]] = []  # kept rows given another's verdict: their key is their content's now
         for row in rows:
+            content = row["twin_key"]
             if not row["tool_call_id"]:
-                content = same_call.response_key(row)
                 if content is not None:
                     twin = by_content.get(content)
                     if twin is not None:
                         same_call.fill(twin, row)
+                        filled.append(twin)
                         continue
-                    recent = self._recent_calls.get(content)
+                    recent = recent_calls.get(content) or stored.get(content)
                     if recent is not None:
                         fills[recent] = row
                         continue
@@ -221,27 +238,30 @@ class SpanWriter:
             key = (row["trace_id"], row["tool_call_id"])
             if key in in_trace:
                 same_call.fill(in_trace[key], row)
+                filled.append(in_trace[key])
                 continue
             owner = owners.get(key)
             if owner is not None and owner[0] != row["span_id"]:
                 fills[(row["trace_id"], *owner)] = row
                 continue
-            if len(row["tool_call_id"]) < same_call.UNIQUE_ID_CHARS:
+            if content is None:  # an id too short to be drawn at random: one call within its trace only
                 in_trace[key] = row
                 kept.append(row)
                 continue
-            content = same_call.content_key(row)
             twin = by_content.get(content)
             if twin is not None:
                 same_call.fill(twin, row)
+                filled.append(twin)
                 seen_as[id(twin)] = key
                 continue
-            recent = self._recent_calls.get(content)
+            recent = recent_calls.get(content) or stored.get(content)
             if recent is not None and recent[0] != row["trace_id"]:
                 fills[recent] = row
                 continue
             in_trace[key] = by_content[content] = row
             kept.append(row)
+        for row in filled:
+            row["twin_key"] = same_call.recent_key(row)
         return kept, fills, seen_as
 
     def write_events(self, conn: Connection, events: list[LogEvent]) -> None:
@@ -326,8 +346,8 @@ class SpanWriter:
             "model": call.model, "harness_version": found.harness_version,
             "domain": call_domain(found.declared_domain, verdict.tool, call.name or call.read_name),
             "repairs_id": None, "start_time_ns": span.start_time_ns, "created_at": now,
-            # not columns: what `same_call`'s keys read
-            "service": span.resource.get("service.name"), "response_id": call.response_id,
+            "response_id": call.response_id,
+            "service": _service(span),  # not a column (the span's): what `same_call`'s keys read
         }, toolset
 
     def _toolset(self, tools: list[Tool]) -> _Toolset:
@@ -379,12 +399,11 @@ class SpanWriter:
                 digest, attributes[key] = reference(text)
                 if digest not in self._payloads and digest not in payload_rows:
                     payload_rows[digest] = {"digest": digest, "body": text, "chars": len(text)}
-        service = span.resource.get("service.name")
         return {
             "trace_id": span.trace_id, "span_id": span.span_id, "parent_span_id": span.parent_span_id,
             "name": span.name, "kind": span.kind, "start_time_ns": span.start_time_ns,
             "end_time_ns": span.end_time_ns, "status_code": span.status_code, "status_message": span.status_message,
-            "service_name": service if isinstance(service, str) else None, "scope_name": span.scope_name,
+            "service_name": _service(span), "scope_name": span.scope_name,
             "attributes": attributes, "resource": span.resource, "events": span.events, "links": span.links,
             "received_at": now,
         }
@@ -479,11 +498,21 @@ def _link_stored_by_content(conn: Connection, executions: list[dict[str, Any]]) 
 
 def _stored_owners(conn: Connection, first_span: dict[tuple[str, str], str]) -> dict[tuple[str, str], tuple[str, int]]:
     """(trace, tool call id) -> the (span, call index) of the stored row that holds that call."""
-    stored = conn.execute(
-        select(_CALLS.c.trace_id, _CALLS.c.tool_call_id, _CALLS.c.span_id, _CALLS.c.call_index)
-        .where(_CALLS.c.trace_id.in_({t for t, _ in first_span}), _CALLS.c.tool_call_id.is_not(None))
-    ).all()
+    sqlite = conn.dialect.name == "sqlite"
+    stored = conn.execute(_STORED_OWNERS[sqlite], same_call.listed_params(sqlite, trace_id={t for t, _ in first_span}))
     return {(r.trace_id, r.tool_call_id): (r.span_id, r.call_index) for r in stored}
+
+
+_STORED_OWNERS = {
+    sqlite: select(_CALLS.c.trace_id, _CALLS.c.tool_call_id, _CALLS.c.span_id, _CALLS.c.call_index)
+    .where(same_call.one_of(_CALLS.c.trace_id, sqlite), _CALLS.c.tool_call_id.is_not(None))
+    for sqlite in (True, False)
+}
+
+
+def _service(span: SpanRecord) -> str | None:
+    service = span.resource.get("service.name")
+    return service if isinstance(service, str) else None
 
 
 def _set_execution(row: dict[str, Any], span_id: str, ok: bool, error: str | None, result: str | None) -> None:

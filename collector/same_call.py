@@ -6,8 +6,8 @@ and it does not: the model, the tools offered (and so the verdict against them),
 Within a trace a tool call id is one call. Across traces it is one call only when its content (name and arguments)
 is the same too, and only an id long enough to be drawn at random (`UNIQUE_ID_CHARS`: OpenAI's, vLLM's, Anthropic's,
 Mistral's 9 characters) counts: servers that number their calls (`0`, `call_0`) repeat ids across requests. Those
-twins are found in the same request and among the calls this writer stored recently (`RecentCalls`), since the store
-has no index on the call id alone.
+twins are found in the same request, among the calls this writer stored recently (`RecentCalls`), and for the rest in
+the store, whichever ingest process wrote them (`stored_twins`: one indexed query a batch).
 
 A call the model wrote as text has no id: it is one call where the response that holds it is one (its id drawn at
 random, `UNIQUE_RESPONSE_ID_CHARS`) and it is the same text at the same place in that response (`response_key`).
@@ -18,14 +18,16 @@ names the same tool with the same arguments (`same_arguments`)."""
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
-from sqlalchemy import and_, bindparam, case, func, update
+from sqlalchemy import ARRAY, Connection, Text, and_, any_, bindparam, case, func, or_, select, update
 
-from tracemill.store.tables import ToolCallRow
+from tracemill.store.tables import SpanRow, ToolCallRow
 
 _CALLS = ToolCallRow.__table__
+_SPANS = SpanRow.__table__
 VERDICT = ("toolset_id", "name", "arguments", "parsed", "name_valid", "schema_valid", "stage", "violations", "domain")
 EXECUTION = ("execution_status", "execution_error", "execution_result", "execution_span_id")
 
@@ -36,7 +38,7 @@ UNIQUE_ID_CHARS = 9
 UNIQUE_RESPONSE_ID_CHARS = 20
 
 
-def content_key(row: dict[str, Any]) -> tuple[Any, str | None, str | None, bytes]:
+def content_key(row: Mapping[str, Any]) -> tuple[Any, str | None, str | None, bytes]:
     """What makes two rows with one call id the same call in two traces: the same service too, since two
     instrumentations of one agent share its resource, while a proxy that traces what it relayed (the reviser sidecar)
     is a service of its own whose rows are its record, not the agent's."""
@@ -45,7 +47,7 @@ def content_key(row: dict[str, Any]) -> tuple[Any, str | None, str | None, bytes
     return row["service"], row["tool_call_id"], row["name"], body
 
 
-def response_key(row: dict[str, Any]) -> tuple[str, Any, str, int, str] | None:
+def response_key(row: Mapping[str, Any]) -> tuple[str, Any, str, int, str] | None:
     """What makes two rows of a call written as text, which has no id, the same call: the same response (an id drawn
     at random) and the same place and text in it, from the same service. Two identical calls in two responses stay
     two."""
@@ -55,11 +57,56 @@ def response_key(row: dict[str, Any]) -> tuple[str, Any, str, int, str] | None:
     return "response", row["service"], response, row["call_index"], row["raw"]
 
 
-def recent_key(row: dict[str, Any]) -> tuple[Any, ...] | None:
-    """The key under which a stored row is found again from another trace (`RecentCalls`), if any."""
+def recent_key(row: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """The key under which a stored row is found again from another trace (`RecentCalls`, `stored_twins`), if any."""
     if row["tool_call_id"]:
         return content_key(row) if len(row["tool_call_id"]) >= UNIQUE_ID_CHARS else None
     return response_key(row)
+
+
+def stored_twins(conn: Connection, call_ids: set[str], response_ids: set[str]) -> dict[tuple[Any, ...],
+                                                                                        tuple[str, str, int]]:
+    """`recent_key` -> (trace, span, call index) of the first stored row with one of these tool call ids, or
+    (written as text) response ids, whichever process stored it; its service is its span's."""
+    found: dict[tuple[Any, ...], tuple[str, str, int]] = {}
+    if not call_ids and not response_ids:
+        return found
+    sqlite = conn.dialect.name == "sqlite"
+    lists = listed_params(sqlite, tool_call_id=call_ids, response_id=response_ids)
+    for row in conn.execute(_STORED_TWINS[sqlite], lists):
+        key = recent_key(row._mapping)
+        if key is not None:
+            found.setdefault(key, (row.trace_id, row.span_id, row.call_index))
+    return found
+
+
+def one_of(column: Any, sqlite: bool) -> Any:
+    """`column` is one of a list bound as one parameter (a JSON array on SQLite, an array on PostgreSQL; its value from
+    `listed_params`): hundreds of ids cost one bound value, not one each."""
+    if sqlite:
+        values = func.json_each(bindparam(column.key + "_list", type_=Text)).table_valued("value")
+        return column.in_(select(values.c.value))
+    return column == any_(bindparam(column.key + "_list", type_=ARRAY(column.type)))
+
+
+def listed_params(sqlite: bool, **lists: Iterable[str]) -> dict[str, Any]:
+    """The parameters of `one_of(column)` for each column name given."""
+    if sqlite:
+        return {name + "_list": orjson.dumps(list(values)).decode() for name, values in lists.items()}
+    return {name + "_list": list(values) for name, values in lists.items()}
+
+
+def _stored_twins(sqlite: bool) -> Any:
+    return (
+        select(_CALLS.c.trace_id, _CALLS.c.span_id, _CALLS.c.call_index, _CALLS.c.tool_call_id, _CALLS.c.name,
+               _CALLS.c.arguments, _CALLS.c.raw, _CALLS.c.response_id, _SPANS.c.service_name.label("service"))
+        .outerjoin(_SPANS, and_(_SPANS.c.trace_id == _CALLS.c.trace_id, _SPANS.c.span_id == _CALLS.c.span_id))
+        .where(or_(one_of(_CALLS.c.tool_call_id, sqlite), one_of(_CALLS.c.response_id, sqlite)))
+        .order_by(_CALLS.c.id)
+    )
+
+
+_STORED_TWINS = {sqlite: _stored_twins(sqlite) for sqlite in (True, False)}
 
 
 def fill(kept: dict[str, Any], other: dict[str, Any]) -> None:

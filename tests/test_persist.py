@@ -9,9 +9,10 @@ from sqlalchemy import select
 
 from tracemill.collector.decode import Limits, decode_protobuf
 from tracemill.collector.persist import SpanWriter
+from tracemill.store.bulk import BulkInsert
 from tracemill.store.engine import make_engine
 from tracemill.store.migrate import upgrade
-from tracemill.store.tables import ToolCallRow
+from tracemill.store.tables import SpanRow, ToolCallRow
 
 from support import chat_attributes, export_request, make_span
 
@@ -137,3 +138,27 @@ def test_a_call_written_as_text_is_one_call_per_response_whose_id_is_drawn_at_ra
     engine.dispose()
     assert sorted(r.trace_id for r in rows) == ["a1" * 16, "c3" * 16, "d4" * 16, "e5" * 16]
     assert {(r.name, r.raw) for r in rows} == {("get_weather", text)}
+
+
+def test_a_store_upgraded_to_find_twins_keeps_its_calls_and_finds_them(db_url: str) -> None:
+    """A store written before the call id was indexed (revision 0008): upgraded, it keeps its rows, and a second
+    sighting of a stored call, in another trace and by an ingest process that never saw the first, fills that row."""
+    engine = make_engine(db_url)
+    upgrade(engine, "0008")
+    writer = SpanWriter(engine.dialect)
+    call = [{"id": "call_q8Zr2LmN4x", "name": "get_weather", "arguments": {"city": "Paris"}}]
+    chat = chat_attributes(call)
+    del chat["gen_ai.request.model"]
+    body = export_request([make_span("a1" * 16, "01" * 8, "chat", chat)], {"service.name": "test-agent"})
+    batch = writer.prepare(decode_protobuf(body, Limits(1 << 20)).spans)
+    with engine.begin() as conn:  # what 0008's writer stored: the span, and the call in 0008's columns
+        BulkInsert(SpanRow.__table__, engine.dialect).execute_params(conn, batch.span_params)
+        conn.execute(ToolCallRow.__table__.insert().values(
+            {k: v for k, v in batch.calls[0].items() if k in ToolCallRow.__table__.c and k != "response_id"}))
+    upgrade(engine)
+    again = make_span("b2" * 16, "02" * 8, "ChatCompletion", chat_attributes(call))
+    _write(engine, SpanWriter(engine.dialect), [again])
+    with engine.connect() as conn:
+        stored = conn.execute(select(ToolCallRow)).all()
+    engine.dispose()
+    assert [(r.trace_id, r.model, r.arguments) for r in stored] == [("a1" * 16, "llama3.1-8b", {"city": "Paris"})]

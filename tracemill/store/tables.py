@@ -5,8 +5,20 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import (JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text,
-                        UniqueConstraint)
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -80,6 +92,10 @@ class ToolCallRow(Base):
     __tablename__ = "tool_calls"
     __table_args__ = (
         UniqueConstraint("trace_id", "span_id", "call_index", name="uq_tool_calls_span_index"),
+        # a call's twins in other traces, found by the writer of the next sighting (`collector.same_call`)
+        Index("ix_tool_calls_tool_call_id", "tool_call_id"),
+        Index("ix_tool_calls_response_id", "response_id", sqlite_where=text("response_id IS NOT NULL"),
+              postgresql_where=text("response_id IS NOT NULL")),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
@@ -87,6 +103,8 @@ class ToolCallRow(Base):
     span_id: Mapped[str] = mapped_column(String(16))
     call_index: Mapped[int] = mapped_column(Integer)
     tool_call_id: Mapped[str | None] = mapped_column(Text)
+    # of a call written as text (no tool call id): the model response that holds it, where the span records one
+    response_id: Mapped[str | None] = mapped_column(Text)
     raw: Mapped[str] = mapped_column(Text)
     name: Mapped[str | None] = mapped_column(Text)
     arguments: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
