@@ -77,9 +77,12 @@ def _words(text: str) -> set[str]:
 
 @lru_cache(maxsize=65536)
 def _name_score(name: str, tool: str) -> float:
-    full = difflib.SequenceMatcher(None, name_key(name), name_key(tool), autojunk=False).ratio()
-    short = difflib.SequenceMatcher(None, name_key(base_name(name)), name_key(base_name(tool)), autojunk=False)
-    return max(full, short.ratio())
+    keys = (name_key(name), name_key(tool))
+    full = difflib.SequenceMatcher(None, *keys, autojunk=False).ratio()
+    short = (name_key(base_name(name)), name_key(base_name(tool)))
+    if short == keys:  # neither name has a prefix: the same pair
+        return full
+    return max(full, difflib.SequenceMatcher(None, *short, autojunk=False).ratio())
 
 
 @lru_cache(maxsize=16384)
