@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from sqlalchemy import Engine, select
+from sqlalchemy import Connection, Engine, Select, String, and_, column, select, values
 
 from tracemill.miner.conversation import GENAI_MESSAGES, is_conversation, span_messages
 from tracemill.miner.parquet import RowWriter
@@ -112,6 +112,20 @@ def _json_or_text(text: str) -> Any:
         return text
 
 
+def _of_spans(conn: Connection, statement: Select[Any], keys: list[tuple[str, str]]) -> list[Any]:
+    """The rows of `statement` over the spans with these (trace id, span id) keys, looked up in the (trace_id,
+    span_id) index: on SQLite joined to the keys as a VALUES list (given two IN lists it tries every pair of them), on
+    PostgreSQL with two IN lists (faster there than the join), the pairs not asked for left out."""
+    if conn.dialect.name == "sqlite":
+        wanted = values(column("trace_id", String), column("span_id", String), name="wanted").data(keys).cte("wanted")
+        return conn.execute(statement.join(wanted, and_(SpanRow.trace_id == wanted.c.trace_id,
+                                                        SpanRow.span_id == wanted.c.span_id))).all()
+    asked = set(keys)
+    rows = conn.execute(statement.where(SpanRow.trace_id.in_({t for t, _ in keys}),
+                                        SpanRow.span_id.in_({s for _, s in keys}))).all()
+    return [r for r in rows if (r.trace_id, r.span_id) in asked]
+
+
 def _contexts(engine: Engine, calls: list[StoredCall]) -> dict[tuple[str, str], list[Any]]:
     """The conversation of each call's span; of the values stored once, only the conversations are read."""
     keys = sorted({(c.trace_id, c.span_id) for c in calls})
@@ -119,22 +133,17 @@ def _contexts(engine: Engine, calls: list[StoredCall]) -> dict[tuple[str, str], 
     with engine.connect() as conn:
         for start in range(0, len(keys), 500):
             chunk = keys[start:start + 500]
-            wanted = set(chunk)
-            # two IN lists, which both databases answer from the (trace_id, span_id) index; a row-value IN is a scan
-            where = (SpanRow.trace_id.in_({t for t, _ in chunk}), SpanRow.span_id.in_({s for _, s in chunk}))
             # only the GenAI conversation, extracted by the database as the text it was sent as (decoding whole
             # attributes, or having the database quote the text as JSON and decoding that, costs more)
-            rows = conn.execute(select(SpanRow.trace_id, SpanRow.span_id,
-                                       SpanRow.attributes[GENAI_MESSAGES].as_string().label("messages"))
-                                .where(*where)).all()
+            rows = _of_spans(conn, select(SpanRow.trace_id, SpanRow.span_id,
+                                          SpanRow.attributes[GENAI_MESSAGES].as_string().label("messages")), chunk)
             spans = {(r.trace_id, r.span_id): {GENAI_MESSAGES: _json_or_text(r.messages)} for r in rows
-                     if (r.trace_id, r.span_id) in wanted and r.messages is not None}
-            others = wanted - set(spans)
+                     if r.messages is not None}
+            others = set(chunk) - set(spans)
             if others:  # another convention: read the span's attributes
-                rows = conn.execute(select(SpanRow.trace_id, SpanRow.span_id, SpanRow.attributes).where(*where)).all()
+                rows = _of_spans(conn, select(SpanRow.trace_id, SpanRow.span_id, SpanRow.attributes), sorted(others))
                 spans.update({(r.trace_id, r.span_id): {k: v for k, v in (r.attributes or {}).items()
-                                                        if is_conversation(k)}
-                              for r in rows if (r.trace_id, r.span_id) in others})
+                                                        if is_conversation(k)} for r in rows})
             digests = {v[REF_KEY] for a in spans.values() for v in a.values() if is_reference(v)}
             bodies = dict(conn.execute(select(PayloadRow.digest, PayloadRow.body)
                                        .where(PayloadRow.digest.in_(digests))).all()) if digests else {}
