@@ -20,8 +20,8 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 
 from tracemill.collector.decode import (
     Limits,
-    PayloadError,
     SpanError,
+    _bad_id,
     _expect,
     _field,
     _json_attributes,
@@ -112,7 +112,7 @@ def _pb_id(raw: bytes, size: int, where: str) -> str:
     if not raw:
         return ""
     if len(raw) != size:
-        raise PayloadError(f"{where}: must be {size} bytes, got {len(raw)}")
+        _bad_id(raw, size, where, "")
     return raw.hex()
 
 
