@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from sqlalchemy import Connection, Engine, Select, String, and_, column, select, values
+from sqlalchemy import Connection, Engine, Select, String, and_, bindparam, func, select
 
 from tracemill.miner.conversation import GENAI_MESSAGES, is_conversation, span_messages
 from tracemill.miner.parquet import RowWriter
@@ -114,12 +114,16 @@ def _json_or_text(text: str) -> Any:
 
 def _of_spans(conn: Connection, statement: Select[Any], keys: list[tuple[str, str]]) -> list[Any]:
     """The rows of `statement` over the spans with these (trace id, span id) keys, looked up in the (trace_id,
-    span_id) index: on SQLite joined to the keys as a VALUES list (given two IN lists it tries every pair of them), on
-    PostgreSQL with two IN lists (faster there than the join), the pairs not asked for left out."""
+    span_id) index: on SQLite joined to the keys bound as one JSON array (one statement whatever the keys, so that it
+    is compiled once; given two IN lists SQLite tries every pair of them), on PostgreSQL with two IN lists (faster
+    there than a join), the pairs not asked for left out."""
     if conn.dialect.name == "sqlite":
-        wanted = values(column("trace_id", String), column("span_id", String), name="wanted").data(keys).cte("wanted")
-        return conn.execute(statement.join(wanted, and_(SpanRow.trace_id == wanted.c.trace_id,
-                                                        SpanRow.span_id == wanted.c.span_id))).all()
+        pairs = func.json_each(bindparam("keys", type_=String)).table_valued("value")
+        wanted = select(func.json_extract(pairs.c.value, "$[0]").label("trace_id"),
+                        func.json_extract(pairs.c.value, "$[1]").label("span_id")).subquery("wanted")
+        joined = statement.select_from(wanted).join(SpanRow, and_(SpanRow.trace_id == wanted.c.trace_id,
+                                                                   SpanRow.span_id == wanted.c.span_id))
+        return conn.execute(joined, {"keys": orjson.dumps(keys).decode()}).all()
     asked = set(keys)
     rows = conn.execute(statement.where(SpanRow.trace_id.in_({t for t, _ in keys}),
                                         SpanRow.span_id.in_({s for _, s in keys}))).all()
