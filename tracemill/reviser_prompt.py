@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import difflib
 import heapq
+import operator
 import re
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -85,10 +87,40 @@ def _name_score(name: str, tool: str) -> float:
     return max(full, difflib.SequenceMatcher(None, *short, autojunk=False).ratio())
 
 
+@lru_cache(maxsize=65536)
+def _letters(key: str) -> Counter[str]:
+    return Counter(key)
+
+
+def _ratio_bound(a: str, b: str) -> float:
+    """At least what `SequenceMatcher(None, a, b).ratio()` gives: twice the letters the two share, over both
+    lengths (difflib's `quick_ratio`)."""
+    total = len(a) + len(b)
+    if not total:
+        return 1.0
+    if 2.0 * min(len(a), len(b)) / total == 0.0:
+        return 0.0
+    return 2.0 * sum((_letters(a) & _letters(b)).values()) / total
+
+
+def _score_bound(name: str, tool: str) -> float:
+    """At least `_name_score(name, tool)`."""
+    full = _ratio_bound(name_key(name), name_key(tool))
+    return max(full, _ratio_bound(name_key(base_name(name)), name_key(base_name(tool))))
+
+
 @lru_cache(maxsize=16384)
-def _name_scores(names: tuple[str, ...], tools: tuple[str, ...]) -> dict[str, float]:
-    """Each tool's best name score against the names an output gives (outputs repeat names: computed once)."""
-    return {tool: max((_name_score(n, tool) for n in names), default=0.0) for tool in tools}
+def _name_scores(names: tuple[str, ...], tools: tuple[str, ...]) -> tuple[float, ...]:
+    """Each tool's best name score against the names an output gives (outputs repeat names: computed once). A pair
+    whose bound cannot beat the best score so far is not scored."""
+    scores = []
+    for tool in tools:
+        best = 0.0
+        for name in names:
+            if best < _score_bound(name, tool):
+                best = max(best, _name_score(name, tool))
+        scores.append(best)
+    return tuple(scores)
 
 
 @lru_cache(maxsize=16384)
@@ -102,39 +134,74 @@ def _request_words(request: str) -> frozenset[str]:
     return frozenset(_words(request))  # a conversation's request comes back with each of its calls
 
 
-@lru_cache(maxsize=8192)
-def _tool_words(name: str, description: str) -> frozenset[str]:
-    return frozenset(_words(f"{name} {description}"))
+@dataclass(slots=True)
+class _Catalog:
+    """What prompts need of one tool index, worked out once however many outputs are read against it."""
+
+    tools: tuple[Tool, ...]
+    offered: tuple[str, ...]  # the index's keys
+    names: tuple[str, ...]  # each tool's own name
+    sizes: tuple[int, ...]  # how many words each tool's name and description hold
+    by_word: dict[str, tuple[int, ...]]  # a word -> the positions of the tools whose name or description holds it
+    vocabulary: frozenset[str]  # the words of by_word
+    lines: dict[tuple[PromptSettings, int], str]  # a tool's line in the prompt, by settings and position
+
+
+_CATALOGS: dict[int, _Catalog] = {}  # by id(index): a hit holds the very same Tool objects, or it is made anew
+
+
+def _catalog(index: Mapping[str, Tool]) -> _Catalog:
+    tools = tuple(index.values())
+    found = _CATALOGS.get(id(index))
+    if found is not None and len(found.tools) == len(tools) and all(map(operator.is_, found.tools, tools)):
+        return found
+    about = [frozenset(_words(f"{t.name} {t.description}")) for t in tools]
+    by_word: dict[str, list[int]] = {}
+    for position, words in enumerate(about):
+        for word in words:
+            by_word.setdefault(word, []).append(position)
+    if len(_CATALOGS) >= 1024:
+        _CATALOGS.clear()
+    found = _CATALOGS[id(index)] = _Catalog(tools, tuple(index), tuple(t.name for t in tools),
+                                            tuple(len(a) for a in about),
+                                            {w: tuple(p) for w, p in by_word.items()}, frozenset(by_word), {})
+    return found
 
 
 def nearest_tools(raw: str, index: Mapping[str, Tool], request: str = "", k: int = 4,
                   reading: Reading | None = None) -> list[Tool]:
     """The tools the output names (as the reviser reads names: `reading`, where the caller has read `raw` already),
     then the ones closest to those names and to the words of the output and the request, `k` at most."""
+    return [t for _, t in _nearest(raw, index, request, k, reading)]
+
+
+def _nearest(raw: str, index: Mapping[str, Tool], request: str, k: int,
+             reading: Reading | None) -> list[tuple[int, Tool]]:
+    """`nearest_tools` with each tool's position in the catalog of `index`."""
     reading = read(raw, index) if reading is None else reading
     names = [c.name for c in reading.calls if isinstance(c.name, str) and c.name]
     if not names:
         names = [w for w in _IDENTIFIERS.findall(raw) if len(w) > 3][:20]
-    chosen: dict[str, Tool] = {}
-    offered = tuple(index)
+    catalog = _catalog(index)
+    chosen: dict[str, int] = {}
     for name in names:
-        hit = name if name in index else _near_miss(name, offered)
+        hit = name if name in index else _near_miss(name, catalog.offered)
         if hit is not None and len(chosen) < k:
-            chosen[hit] = index[hit]
+            chosen[hit] = catalog.offered.index(hit)
     need = k - len(chosen)
-    if need <= 0:
-        return list(chosen.values())
-    words = _words(raw) | _request_words(request)
-    by_names = _name_scores(tuple(names), offered)
-    scored = []  # (-score, name): the best first, ties by name
-    for tool in index.values():
-        if tool.name not in chosen:
-            about = _tool_words(tool.name, tool.description)
-            scored.append((-(by_names[tool.name] + 0.5 * (len(words & about) / len(about) if about else 0.0)),
-                           tool.name))
-    for _, name in heapq.nsmallest(need, scored) if need < len(scored) else sorted(scored):
-        chosen[name] = index[name]
-    return list(chosen.values())
+    if need > 0:
+        shared = [0] * len(catalog.tools)
+        for word in (_words(raw) | _request_words(request)) & catalog.vocabulary:
+            for position in catalog.by_word[word]:
+                shared[position] += 1
+        by_names = _name_scores(tuple(names), catalog.offered)
+        scored = [(-(score + 0.5 * (common / size if size else 0.0)), name, position)  # the best first, ties by name
+                  for position, (name, score, common, size)
+                  in enumerate(zip(catalog.names, by_names, shared, catalog.sizes, strict=True))
+                  if name not in chosen]
+        for _, name, position in heapq.nsmallest(need, scored) if need < len(scored) else sorted(scored):
+            chosen[name] = position
+    return [(position, catalog.tools[position]) for position in chosen.values()]
 
 
 def _text(value: Any) -> str:
@@ -250,12 +317,16 @@ def build_prompt(raw: str, index: Mapping[str, Tool], context: Sequence[Any] | N
     """The reviser's prompt for one model output (`index`: the tools offered, as `tool_index` builds them;
     `reading`: `read(raw, index)` where the caller has it already)."""
     read_turns = [message_text(m) for m in context or ()]
-    tools = nearest_tools(raw, index, _request(read_turns), settings.max_tools, reading)
+    nearest = _nearest(raw, index, _request(read_turns), settings.max_tools, reading)
     turns = _kept_turns(read_turns, settings.budget_tokens, count_tokens)
-    sections = ["<tools>", *(_tool_line(t, settings) for t in tools), "</tools>"]
+    lines = _catalog(index).lines
+    for position, tool in nearest:
+        if (settings, position) not in lines:
+            lines[settings, position] = _tool_line(tool, settings)
+    sections = ["<tools>", *(lines[settings, p] for p, _ in nearest), "</tools>"]
     if turns:
         sections += ["<conversation>", *turns, "</conversation>"]
     sections += ["<output>", raw, "</output>"]
     user = {"role": "user", "content": "\n".join(sections)}
     messages = ({"role": "system", "content": SYSTEM}, user) if settings.system else (user,)
-    return ReviserPrompt(messages, tuple(tools))
+    return ReviserPrompt(messages, tuple(t for _, t in nearest))
