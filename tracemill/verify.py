@@ -244,9 +244,20 @@ def _compile(schema_json: bytes) -> _Compiled:
                      eligible=not _uses_any(schema, _NOT_FOR_FAST_PATH))
 
 
+_BY_IDENTITY: dict[int, tuple[Mapping[str, Any], _Compiled]] = {}  # a schema object seen before: not dumped again
+
+
 def compiled_validator(schema: Mapping[str, Any]) -> _Compiled:
-    """One validator per distinct schema, compiled once."""
-    return _compile(orjson.dumps(schema, option=orjson.OPT_SORT_KEYS))
+    """One validator per distinct schema, compiled once (a tool index's schemas, checked call after call, are found
+    by identity; the entry holds its schema, so that its id is not reused while it is kept)."""
+    found = _BY_IDENTITY.get(id(schema))
+    if found is not None and found[0] is schema:
+        return found[1]
+    compiled = _compile(orjson.dumps(schema, option=orjson.OPT_SORT_KEYS))
+    if len(_BY_IDENTITY) >= 8192:
+        _BY_IDENTITY.clear()
+    _BY_IDENTITY[id(schema)] = (schema, compiled)
+    return compiled
 
 
 def _violations(error: ValidationError) -> list[Violation]:
