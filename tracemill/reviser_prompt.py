@@ -95,12 +95,9 @@ def _letters(key: str) -> Counter[str]:
 def _ratio_bound(a: str, b: str) -> float:
     """At least what `SequenceMatcher(None, a, b).ratio()` gives: twice the letters the two share, over both
     lengths (difflib's `quick_ratio`)."""
-    total = len(a) + len(b)
-    if not total:
-        return 1.0
-    if 2.0 * min(len(a), len(b)) / total == 0.0:
-        return 0.0
-    return 2.0 * sum((_letters(a) & _letters(b)).values()) / total
+    if not a or not b:
+        return 0.0 if a or b else 1.0
+    return 2.0 * sum((_letters(a) & _letters(b)).values()) / (len(a) + len(b))
 
 
 def _score_bound(name: str, tool: str) -> float:
@@ -172,17 +169,16 @@ def nearest_tools(raw: str, index: Mapping[str, Tool], request: str = "", k: int
                   reading: Reading | None = None) -> list[Tool]:
     """The tools the output names (as the reviser reads names: `reading`, where the caller has read `raw` already),
     then the ones closest to those names and to the words of the output and the request, `k` at most."""
-    return [t for _, t in _nearest(raw, index, request, k, reading)]
+    return [t for _, t in _nearest(raw, index, _catalog(index), request, k, reading)]
 
 
-def _nearest(raw: str, index: Mapping[str, Tool], request: str, k: int,
+def _nearest(raw: str, index: Mapping[str, Tool], catalog: _Catalog, request: str, k: int,
              reading: Reading | None) -> list[tuple[int, Tool]]:
-    """`nearest_tools` with each tool's position in the catalog of `index`."""
+    """`nearest_tools` with each tool's position in `catalog`, the catalog of `index`."""
     reading = read(raw, index) if reading is None else reading
     names = [c.name for c in reading.calls if isinstance(c.name, str) and c.name]
     if not names:
         names = [w for w in _IDENTIFIERS.findall(raw) if len(w) > 3][:20]
-    catalog = _catalog(index)
     chosen: dict[str, int] = {}
     for name in names:
         hit = name if name in index else _near_miss(name, catalog.offered)
@@ -317,9 +313,10 @@ def build_prompt(raw: str, index: Mapping[str, Tool], context: Sequence[Any] | N
     """The reviser's prompt for one model output (`index`: the tools offered, as `tool_index` builds them;
     `reading`: `read(raw, index)` where the caller has it already)."""
     read_turns = [message_text(m) for m in context or ()]
-    nearest = _nearest(raw, index, _request(read_turns), settings.max_tools, reading)
+    catalog = _catalog(index)
+    nearest = _nearest(raw, index, catalog, _request(read_turns), settings.max_tools, reading)
     turns = _kept_turns(read_turns, settings.budget_tokens, count_tokens)
-    lines = _catalog(index).lines
+    lines = catalog.lines
     for position, tool in nearest:
         if (settings, position) not in lines:
             lines[settings, position] = _tool_line(tool, settings)
