@@ -18,6 +18,7 @@ import shutil
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -178,13 +179,15 @@ def _run_parts(engine: Engine, work: Path, options: PartOptions, workers: int,
 
 def _merge(work: Path, parts: int) -> tuple[dict[str, Any], int, str]:
     """The parts' files as one JSON Lines and one Parquet file per split, in part order; of two rows with the same
-    prompt only the first is kept. Lines are copied by the kernel and Parquet a batch at a time, so that the merge
+    prompt only the first is kept. Which rows are kept is read from the `.meta` lines; then lines are copied by the
+    kernel and Parquet a batch at a time by Arrow, all four files at once (neither holds the GIL), so that the merge
     costs little next to the mining. Returns the splits' summaries, the duplicates dropped and the content hash (of
     every kept line's hash, in order)."""
     seen: set[str] = set()
     dropped = 0
     summaries = {}
     content = hashlib.sha256()
+    masks: dict[str, tuple[list[list[bool]], list[list[int]]]] = {}
     for split in SPLITS:
         rows = 0
         digest = hashlib.sha256()
@@ -208,16 +211,22 @@ def _merge(work: Path, parts: int) -> tuple[dict[str, Any], int, str]:
                     counts[name]["none" if value is None else str(value)] += 1
             kept.append(mask)
             lengths.append(sizes)
-        _copy_lines(work, split, kept, lengths)
-        merge_parquet([part_files(work, p, split)[0].with_suffix(".parquet") for p in range(parts)], kept,
-                      work / f"{split}.parquet")
+        masks[split] = (kept, lengths)
+        summaries[split] = {"rows": rows, "sha256": digest.hexdigest(),
+                            **{k: dict(sorted(c.items())) for k, c in counts.items()}}
+        content.update(f"{split}:{summaries[split]['sha256']}\n".encode())
+    with ThreadPoolExecutor(2 * len(SPLITS)) as pool:
+        copies = [pool.submit(_copy_lines, work, split, kept, lengths) for split, (kept, lengths) in masks.items()]
+        copies += [pool.submit(merge_parquet, [part_files(work, p, split)[0].with_suffix(".parquet")
+                                               for p in range(parts)], kept, work / f"{split}.parquet")
+                   for split, (kept, _) in masks.items()]
+        for copy in copies:
+            copy.result()
+    for split in SPLITS:
         for part in range(parts):
             lines, meta = part_files(work, part, split)
             for path in (lines, meta, lines.with_suffix(".parquet")):
                 path.unlink()
-        summaries[split] = {"rows": rows, "sha256": digest.hexdigest(),
-                            **{k: dict(sorted(c.items())) for k, c in counts.items()}}
-        content.update(f"{split}:{summaries[split]['sha256']}\n".encode())
     return summaries, dropped, content.hexdigest()
 
 
@@ -271,8 +280,10 @@ def _write(engine: Engine, work: Path, where: CallFilter, options: MineOptions, 
     for result in results:
         stats.update(result.stats)
         links.update(result.links)
-    summaries, dropped, content = _merge(work, len(results))
-    _link_repairs(engine, links)
+    with ThreadPoolExecutor(1) as linking:  # the store's writes go on beside the merge's file copies
+        linked = linking.submit(_link_repairs, engine, links)
+        summaries, dropped, content = _merge(work, len(results))
+        linked.result()
     return {
         "format": FORMAT, "name": "", "created_at": datetime.now(UTC).isoformat(), "content_hash": content,
         "splits": summaries, "counts": _totals(summaries),
