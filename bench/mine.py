@@ -102,9 +102,10 @@ def _salted(value: Any, copy: int, payloads: dict[str, str], new_payloads: dict[
 def _copy(engine: Engine, target_calls: int) -> None:
     """Copy the base corpus trace by trace until the store holds `target_calls` calls."""
     with engine.connect() as conn:
-        spans = [dict(r._mapping) for r in conn.execute(select(SpanRow))]
-        calls = [dict(r._mapping) for r in conn.execute(select(ToolCallRow))]
-        executions = [dict(r._mapping) for r in conn.execute(select(ToolExecutionRow))]
+        # in id order: every backend gives the copies the same ids (valid calls are sampled by id)
+        spans = [dict(r._mapping) for r in conn.execute(select(SpanRow).order_by(SpanRow.id))]
+        calls = [dict(r._mapping) for r in conn.execute(select(ToolCallRow).order_by(ToolCallRow.id))]
+        executions = [dict(r._mapping) for r in conn.execute(select(ToolExecutionRow).order_by(ToolExecutionRow.id))]
         digests = {v["$payload"] for s in spans for k, v in s["attributes"].items()
                    if k == "gen_ai.input.messages" and is_reference(v)}
         payloads = dict(conn.execute(select(PayloadRow.digest, PayloadRow.body)
