@@ -150,6 +150,27 @@ def test_the_export_loads_with_datasets_is_deterministic_and_never_splits_a_trac
     assert later["splits"]["train"]["rows"] == 0 and later["splits"]["eval"]["rows"] > 0
 
 
+@pytest.mark.postgres
+def test_the_same_traffic_exports_the_same_rows_from_sqlite_and_postgresql(start_collector, sqlite_url: str,
+                                                                          postgres_url: str, tmp_path: Path) -> None:
+    # PostgreSQL's JSONB sorts an object's keys: stored so, a tool's parameters would reach the reviser's prompt in
+    # another order than the agent's model was shown them, and than the sidecar shows them at serving time
+    exports = []
+    for n, url in enumerate((sqlite_url, postgres_url)):
+        collector = start_collector(url)
+        simulate(collector.url, traces=80, seed=4, profile="llama3.1-8b", start_ns=START_NS)
+        _mine(url, tmp_path / f"ds{n}", "--workers", "1")
+        exports.append([{k: v for k, v in r.items() if k not in ("id", "call_id", "created_at")}
+                        for r in _rows(tmp_path / f"ds{n}")])
+    from_sqlite, from_postgresql = exports
+    assert len(from_sqlite) > 50
+    assert from_postgresql == from_sqlite  # the prompt and the JSON columns are text: key order counts
+
+    offered = {t["name"]: list(t["inputSchema"].get("properties", {})) for r in from_sqlite
+               for t in json.loads(r["tools"])}
+    assert any(order != sorted(order, key=lambda k: (len(k), k)) for order in offered.values())  # not JSONB's order
+
+
 def test_since_last_mines_only_what_is_new_and_gold_comes_from_reviews(start_collector, sqlite_url: str,
                                                                        tmp_path: Path) -> None:
     collector = start_collector(sqlite_url)

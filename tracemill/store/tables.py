@@ -23,6 +23,9 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 JSONType = JSON().with_variant(JSONB(), "postgresql")
+# JSON kept as it was written, key order included (PostgreSQL's `json`; JSONB sorts keys): tool schemas and calls, whose
+# order a model was shown and is shown again in reviser prompts, exports and the UI
+WrittenJSON = JSON()
 
 
 def utcnow() -> datetime:
@@ -81,7 +84,7 @@ class ToolsetRow(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     hash: Mapped[str] = mapped_column(String(64), unique=True)
-    tools: Mapped[list[dict[str, Any]]] = mapped_column(JSONType)
+    tools: Mapped[list[dict[str, Any]]] = mapped_column(WrittenJSON)
     tool_count: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
@@ -107,13 +110,13 @@ class ToolCallRow(Base):
     response_id: Mapped[str | None] = mapped_column(Text)
     raw: Mapped[str] = mapped_column(Text)
     name: Mapped[str | None] = mapped_column(Text)
-    arguments: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    arguments: Mapped[dict[str, Any] | None] = mapped_column(WrittenJSON)
     toolset_id: Mapped[int | None] = mapped_column(ForeignKey("toolsets.id"))
     parsed: Mapped[bool] = mapped_column(Boolean)
     name_valid: Mapped[bool | None] = mapped_column(Boolean)  # None: the span did not say which tools were offered
     schema_valid: Mapped[bool | None] = mapped_column(Boolean)
     stage: Mapped[str | None] = mapped_column(String(16))
-    violations: Mapped[list[dict[str, Any]]] = mapped_column(JSONType)
+    violations: Mapped[list[dict[str, Any]]] = mapped_column(WrittenJSON)
     execution_status: Mapped[str | None] = mapped_column(String(16))  # success | error, None while unknown
     execution_error: Mapped[str | None] = mapped_column(Text)
     execution_result: Mapped[str | None] = mapped_column(Text)
@@ -189,8 +192,8 @@ class ReviewRow(Base):
     call_id: Mapped[int] = mapped_column(ForeignKey("tool_calls.id"))
     reviewer: Mapped[str] = mapped_column(Text)
     decision: Mapped[str] = mapped_column(String(16))  # approve | reject | edit (edited, then approved)
-    before: Mapped[dict[str, Any] | None] = mapped_column(JSONType)  # the call shown to the reviewer
-    after: Mapped[dict[str, Any] | None] = mapped_column(JSONType)  # the approved call (approve, edit); None: reject
+    before: Mapped[dict[str, Any] | None] = mapped_column(WrittenJSON)  # the call shown to the reviewer
+    after: Mapped[dict[str, Any] | None] = mapped_column(WrittenJSON)  # the approved call (approve, edit); None: reject
     note: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
