@@ -315,12 +315,15 @@ def test_a_poisoned_resource_refuses_its_own_spans_only(sqlite_url: str, start_c
 
 @pytest.mark.postgres
 def test_a_value_postgres_refuses_is_logged_without_the_data(postgres_url: str, start_collector) -> None:  # type: ignore[no-untyped-def]
-    """A NUL character inside a tool call's JSON arguments only shows up in the rows built from it; PostgreSQL refuses
-    it. The span is refused alone, and the log names the error, never the values sent."""
+    """A NUL character inside the JSON of a call written as text only shows up in the rows built from it (the call's
+    name); PostgreSQL's text refuses it. The span is refused alone, and the log names the error, never the values
+    sent."""
     collector = start_collector(postgres_url)
     trace = "fa" * 16
-    calls = [{"id": "nul", "name": "get_weather", "arguments": '{"city": "Pa\\u0000ris", "units": "secret-units"}'}]
-    poison = make_span(trace, "02" * 8, "chat", chat_attributes(calls))
+    attributes = chat_attributes([])
+    attributes["gen_ai.output.messages"] = json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": (
+        '{"name": "get_\\u0000weather", "arguments": {"city": "Paris", "units": "secret-units"}}')}]}])
+    poison = make_span(trace, "02" * 8, "chat", attributes)
     body = export_request([pb_span(trace, "01" * 8), poison, pb_span(trace, "03" * 8)])
     message = rejected_alone(collector, body, PROTOBUF, trace)
     assert message.startswith("resourceSpans[0].scopeSpans[0].spans[1]") and "the store cannot keep one of its values" in message
