@@ -179,10 +179,11 @@ def _run_parts(engine: Engine, work: Path, options: PartOptions, workers: int,
 
 def _merge(work: Path, parts: int) -> tuple[dict[str, Any], int, str]:
     """The parts' files as one JSON Lines and one Parquet file per split, in part order; of two rows with the same
-    prompt only the first is kept. Which rows are kept is read from the `.meta` lines; then lines are copied by the
-    kernel and Parquet a batch at a time by Arrow, all four files at once (neither holds the GIL), so that the merge
-    costs little next to the mining. Returns the splits' summaries, the duplicates dropped and the content hash (of
-    every kept line's hash, in order)."""
+    prompt only the first is kept (a part has kept only the first of its own). Which rows are kept is read from the
+    `.meta` lines; then lines are copied by the kernel (a split's first part, whole, is renamed instead) and Parquet a
+    batch at a time by Arrow, all four files at once (neither holds the GIL), so that the merge costs little next to
+    the mining. Returns the splits' summaries, the duplicates dropped and the content hash (of every kept line's hash,
+    in order)."""
     seen: set[str] = set()
     dropped = 0
     summaries = {}
@@ -226,13 +227,19 @@ def _merge(work: Path, parts: int) -> tuple[dict[str, Any], int, str]:
         for part in range(parts):
             lines, meta = part_files(work, part, split)
             for path in (lines, meta, lines.with_suffix(".parquet")):
-                path.unlink()
+                path.unlink(missing_ok=True)  # a split's first lines may have been renamed
     return summaries, dropped, content.hexdigest()
 
 
 def _copy_lines(work: Path, split: str, kept: list[list[bool]], lengths: list[list[int]]) -> None:
-    with open(work / f"{split}.jsonl", "wb") as out:
+    path = work / f"{split}.jsonl"
+    first = 1 if kept and all(kept[0]) else 0
+    if first:
+        os.replace(part_files(work, 0, split)[0], path)
+    with open(path, "ab" if first else "wb") as out:
         for part, (mask, sizes) in enumerate(zip(kept, lengths, strict=True)):
+            if part < first:
+                continue
             with open(part_files(work, part, split)[0], "rb") as source:
                 for start, length in _kept_ranges(mask, sizes):
                     _copy_range(source, out, start, length)
@@ -291,7 +298,7 @@ def _write(engine: Engine, work: Path, where: CallFilter, options: MineOptions, 
                   "eval_share": None if options.eval_after else options.eval_share, "seed": options.seed},
         "valid_share": options.valid_share, "valid_sample_rate": valid_rate, "repairs_linked": len(links),
         "prompt_settings": options.prompt.to_dict(), "calls_read": stats["calls_read"],
-        "duplicates_dropped": dropped, "no_tools_known": stats["no_tools_known"],
+        "duplicates_dropped": dropped + stats["duplicates_dropped"], "no_tools_known": stats["no_tools_known"],
         "files": [f"{s}.{ext}" for s in SPLITS for ext in ("jsonl", "parquet")],
     }
 

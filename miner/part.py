@@ -1,7 +1,8 @@
 """One share of a `tracemill mine` run: the traces whose ids fall in a range, read trace by trace, turned into rows
 and written to part files (`part-K-SPLIT.jsonl`, its Parquet, and a `.meta` line per row: its prompt digest, a hash
-and the length of its line, and the values the card counts). `tracemill.miner.export` runs the shares in worker
-processes and merges their files in trace order, so that any number of workers writes the same export."""
+and the length of its line, and the values the card counts). Of two rows of a split with the same prompt, a part keeps
+only the first; `tracemill.miner.export` runs the shares in worker processes and merges their files in trace order,
+dropping what repeats a row of an earlier part or split, so that any number of workers writes the same export."""
 
 from __future__ import annotations
 
@@ -64,22 +65,29 @@ def part_files(folder: Path, part: int, split: str) -> tuple[Path, Path]:
 
 
 class _PartFiles:
-    """A part's JSON Lines, `.meta` lines and Parquet file for each split, written row by row."""
+    """A part's JSON Lines, `.meta` lines and Parquet file for each split, written row by row; a row whose prompt an
+    earlier row of the split had is left out."""
 
     def __init__(self, folder: Path, part: int) -> None:
         self.files = {}
+        self.seen: dict[str, set[str]] = {split: set() for split in SPLITS}
         for split in SPLITS:
             lines, meta = part_files(folder, part, split)
             self.files[split] = (open(lines, "wb"), open(meta, "wb"), RowWriter(lines.with_suffix(".parquet")))
 
-    def write(self, split: str, row: dict[str, Any]) -> None:
+    def write(self, split: str, row: dict[str, Any]) -> bool:
+        """Whether the row was written (False: a duplicate)."""
+        key = prompt_digest(row["prompt"])
+        if key in self.seen[split]:
+            return False
+        self.seen[split].add(key)
         lines, meta, parquet = self.files[split]
         line = orjson.dumps(row) + b"\n"
         lines.write(line)
-        meta.write(orjson.dumps([prompt_digest(row["prompt"]), hashlib.blake2b(line, digest_size=16).hexdigest(),
-                                 len(line), row["failure_class"], row["provenance"], row["model"],
-                                 row["harness_version"]]) + b"\n")
+        meta.write(orjson.dumps([key, hashlib.blake2b(line, digest_size=16).hexdigest(), len(line),
+                                 row["failure_class"], row["provenance"], row["model"], row["harness_version"]]) + b"\n")
         parquet.add(row, len(line))
+        return True
 
     def close(self) -> None:
         for lines, meta, parquet in self.files.values():
@@ -212,7 +220,8 @@ def mine_part(engine: Engine, folder: Path, part: int, trace_range: tuple[str | 
                 read_as = reading(call)
                 reference = reference_for(call, index, context, reviews.get(call.id), repair, read_as)
                 row = build_row(call, index, context, options.prompt, reference, read_as)
-                files.write(split, row)
+                if not files.write(split, row):
+                    result.stats["duplicates_dropped"] += 1
             if progress is not None:
                 progress(len(calls))
     finally:
