@@ -226,20 +226,20 @@ def _merge(work: Path, parts: int) -> tuple[dict[str, Any], int, str]:
     for split in SPLITS:
         for part in range(parts):
             lines, meta = part_files(work, part, split)
-            for path in (lines, meta, lines.with_suffix(".parquet")):
-                path.unlink(missing_ok=True)  # a split's first lines may have been renamed
+            lines.unlink(missing_ok=True)  # a split's first lines may have been renamed into place
+            meta.unlink()
+            lines.with_suffix(".parquet").unlink()
     return summaries, dropped, content.hexdigest()
 
 
 def _copy_lines(work: Path, split: str, kept: list[list[bool]], lengths: list[list[int]]) -> None:
     path = work / f"{split}.jsonl"
-    first = 1 if kept and all(kept[0]) else 0
-    if first:
+    whole = bool(kept) and all(kept[0])  # the first part keeps every line: it becomes the file
+    if whole:
         os.replace(part_files(work, 0, split)[0], path)
-    with open(path, "ab" if first else "wb") as out:
-        for part, (mask, sizes) in enumerate(zip(kept, lengths, strict=True)):
-            if part < first:
-                continue
+    with open(path, "ab" if whole else "wb") as out:
+        for part in range(1 if whole else 0, len(kept)):
+            mask, sizes = kept[part], lengths[part]
             with open(part_files(work, part, split)[0], "rb") as source:
                 for start, length in _kept_ranges(mask, sizes):
                     _copy_range(source, out, start, length)
