@@ -1,14 +1,21 @@
 """The conversation a model call answered, read from its stored span: OpenTelemetry GenAI `gen_ai.input.messages`,
-OpenInference's flattened `llm.input_messages.N.message.*`, or LangSmith's `gen_ai.prompt`. Messages are returned as
-stored (GenAI `parts`, OpenAI `content`); `tracemill.reviser_prompt.message_text` reads every one of these shapes."""
+OpenInference's flattened `llm.input_messages.N.message.*`, or LangSmith's `gen_ai.prompt`; or, where the
+instrumentation sent the messages as log events (OpenTelemetry's openai-v2), from the span's stored events. Messages
+are returned as stored (GenAI `parts`, OpenAI `content`); `tracemill.reviser_prompt.message_text` reads every one of
+these shapes."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
+from sqlalchemy import Connection
+
+from tracemill.collector.joins import stored_events
+from tracemill.collector.logs import LogEvent
+from tracemill.store.queries import span
 
 _FLAT = re.compile(r"llm\.input_messages\.(\d+)\.message\.(role|content)$")
 
@@ -52,3 +59,39 @@ def span_messages(attributes: Mapping[str, Any]) -> list[Any]:
         if isinstance(key, str) and key.startswith("llm.input_messages.") and (m := _FLAT.match(key)):
             flat.setdefault(int(m[1]), {})[m[2]] = value
     return [flat[n] for n in sorted(flat)]
+
+
+# the earlier GenAI conventions: one event per input message, its role in the event's name
+_MESSAGE_EVENTS = {"gen_ai.system.message": "system", "gen_ai.user.message": "user",
+                   "gen_ai.assistant.message": "assistant", "gen_ai.tool.message": "tool"}
+
+
+def event_messages(events: Sequence[LogEvent]) -> list[Any]:
+    """The input messages of a model call sent as its span's log events: the latest conventions' one event per call
+    (`gen_ai.client.inference.operation.details`, whose `gen_ai.input.messages` holds them), or the earlier
+    conventions' one event per message (`gen_ai.user.message`, ...: the body is the message, the role the event's
+    unless the body says another), in the order they were made; [] when the events do not say."""
+    ordered = sorted(events, key=lambda e: e.time_ns)
+    for event in ordered:
+        found = _messages(event.attributes.get(GENAI_MESSAGES)) if GENAI_MESSAGES in event.attributes else None
+        if found:
+            return found
+    messages: list[Any] = []
+    for event in ordered:
+        role = _MESSAGE_EVENTS.get(event.event_name)
+        if role is None:
+            continue
+        if isinstance(event.body, Mapping):
+            messages.append({"role": role, **event.body})
+        elif isinstance(event.body, str):
+            messages.append({"role": role, "content": event.body})
+    return messages
+
+
+def stored_messages(conn: Connection, trace_id: str, span_id: str) -> list[Any]:
+    """The input messages of one stored model-call span: from its attributes, else from its log events."""
+    found = span(conn, trace_id, span_id)
+    messages = span_messages(found.attributes) if found is not None else []
+    if messages:
+        return messages
+    return event_messages(stored_events(conn, {(trace_id, span_id)}).get((trace_id, span_id), []))

@@ -17,7 +17,8 @@ from typing import Any
 import orjson
 from sqlalchemy import Connection, Engine, Select, String, and_, bindparam, func, select
 
-from tracemill.miner.conversation import GENAI_MESSAGES, is_conversation, span_messages
+from tracemill.collector.joins import stored_events
+from tracemill.miner.conversation import GENAI_MESSAGES, event_messages, is_conversation, span_messages
 from tracemill.miner.parquet import RowWriter
 from tracemill.miner.repairs import find_repairs
 from tracemill.miner.rows import build_row, reference_for
@@ -139,7 +140,8 @@ def _of_spans(conn: Connection, statement: Select[Any], keys: list[tuple[str, st
 
 
 def _contexts(engine: Engine, calls: list[StoredCall]) -> dict[tuple[str, str], list[Any]]:
-    """The conversation of each call's span; of the values stored once, only the conversations are read."""
+    """The conversation of each call's span (`miner.conversation`); of the values stored once, only the conversations
+    are read."""
     keys = sorted({(c.trace_id, c.span_id) for c in calls})
     found: dict[tuple[str, str], list[Any]] = {}
     with engine.connect() as conn:
@@ -162,6 +164,10 @@ def _contexts(engine: Engine, calls: list[StoredCall]) -> dict[tuple[str, str], 
             for key, attributes in spans.items():
                 found[key] = span_messages({k: bodies.get(v[REF_KEY]) if is_reference(v) else v
                                             for k, v in attributes.items()})
+            unsaid = {key for key in chunk if not found.get(key)}
+            if unsaid:  # the messages may have come as the span's log events
+                for key, events in stored_events(conn, unsaid).items():
+                    found[key] = event_messages(events)
     return found
 
 

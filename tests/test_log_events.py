@@ -15,12 +15,15 @@ from sqlalchemy import func, select
 from tracemill.collector.decode import Limits, PayloadError
 from tracemill.collector.logs import decode_logs_json, decode_logs_protobuf
 from tracemill.collector.worker import WorkerConfig, _Worker
+from tracemill.miner.conversation import stored_messages
+from tracemill.miner.export import MineOptions, mine
+from tracemill.reviser_prompt import conversation
 from tracemill.store.engine import make_engine
 from tracemill.store.migrate import upgrade
 from tracemill.store.tables import LogEventRow, ToolCallRow
 
 from support import CHAT_WITHOUT_OUTPUT as CHAT
-from support import export_request, logs_json, logs_request, make_span
+from support import WEATHER_TOOLS, export_request, logs_json, logs_request, make_span
 
 LIMITS = Limits(1 << 20)
 TOOL_CALLS = [
@@ -192,6 +195,33 @@ def test_a_span_and_its_events_written_at_once_by_two_writers_are_joined(db_url:
         assert not errors, errors
         assert len([r for r in store.calls() if r[0] == f"{101 + n:016x}"]) == 2, f"trial {n}"
     store.close()
+
+
+def test_a_span_whose_messages_came_as_events_is_mined_with_its_conversation(db_url: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The earlier GenAI conventions' events: one per input message (its role in the event's name), the answer in
+    `gen_ai.choice`. The reviser's prompt shows the conversation from them, as from a span that carries it."""
+    store = Store(db_url)
+    writer = store.writer()
+    trace, span = "ab" * 16, "cd" * 8
+    store.spans(writer, [make_span(trace, span, "chat llama3.1-8b",
+                                   {**CHAT, "gen_ai.tool.definitions": json.dumps(WEATHER_TOOLS)})])
+    store.events(writer, logs_request(trace, span, [
+        {"name": "gen_ai.system.message", "body": {"content": "You are a weather assistant."}},
+        {"name": "gen_ai.user.message", "body": {"content": "Weather in Paris, then the forecast for three days?"}},
+        *[e for e in _events(trace, span) if e["name"] == "gen_ai.choice"],
+    ]))
+    exported = mine(store.engine, tmp_path / "export", MineOptions(valid_share=0.0, workers=1))
+    with store.engine.connect() as conn:  # what the review queue shows a reviewer
+        shown = conversation(stored_messages(conn, trace, span), 600)
+    store.close()
+    assert shown == ["user: Weather in Paris, then the forecast for three days?"]
+    rows = [orjson.loads(line) for split in ("train", "eval")
+            for line in (exported.path / f"{split}.jsonl").read_bytes().splitlines()]
+    (row,) = rows  # the forecast cut short
+    assert row["call_id"] and '"days' in row["raw"]
+    prompt = row["prompt"][-1]["content"]
+    assert "<conversation>\nuser: Weather in Paris, then the forecast for three days?\n</conversation>" in prompt
+    assert [m["role"] for m in orjson.loads(row["context"])] == ["system", "user"]
 
 
 def test_logs_requests_in_protobuf_and_json_read_the_same() -> None:

@@ -165,6 +165,7 @@ def test_a_reviewer_edits_a_medical_call_and_a_viewer_is_refused(app, store) -> 
     at = app("rita")
     key = _open_medical_item(at)
     call_id = int(key.removeprefix("edit_"))
+    assert any(e.label == "Conversation before the call" for e in at.expander)
     at.text_area(key=key).input('{"name": "no such tool", "arguments": {}}')
     next(b for b in at.button if b.label == "Approve").click().run()
     assert any("does not pass the verifier" in e.value for e in at.error)

@@ -10,6 +10,7 @@ from datetime import timedelta
 
 import streamlit as st
 
+from tracemill.miner.conversation import stored_messages
 from tracemill.reviser_prompt import conversation
 from tracemill.store import learning, queries
 from tracemill.ui import decide, draw, masking
@@ -62,12 +63,7 @@ def _decided(ctx: Context, call_id: int) -> learning.Review | None:
 
 def _context_lines(ctx: Context, call: queries.StoredCall, masked: bool) -> None:
     with ctx.engine.connect() as conn:
-        span = queries.span(conn, call.trace_id, call.span_id)
-    messages = span.attributes.get("gen_ai.input.messages") if span else None
-    try:
-        turns = conversation(json.loads(messages), 600) if isinstance(messages, str) else []
-    except ValueError:
-        turns = []
+        turns = conversation(stored_messages(conn, call.trace_id, call.span_id), 600)
     if turns:
         with st.expander("Conversation before the call", expanded=not masked):
             for line in turns[-6:]:

@@ -5,6 +5,8 @@ With content captured as events (`EVENT_ONLY`), the instrumentation puts the mod
 call (`gen_ai.client.inference.operation.details`) sent to `/v1/logs`, apart from its span: whichever arrives first,
 the rows are the same. With span-only content (`SPAN_ONLY`) the messages are on the span. Either way the
 instrumentation does not record the tools offered, so the calls (the one written as text too) are stored with unknown name and schema verdicts.
+Where the agent records them beside it (a span with `gen_ai.tool.definitions`), the calls are mined, and the reviser's
+prompt holds the conversation whether it came in events or on the span.
 
 openai-v2 2.4b0 runs only with opentelemetry-util-genai 1.0b0 or 1.1b0 (1.2b0 renamed a module it imports), which
 always use the latest experimental conventions; the older conventions' `gen_ai.choice` events are read too
@@ -14,11 +16,15 @@ always use the latest experimental conventions; the older conventions' `gen_ai.c
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
 import test_integrations as scripted
+from click.testing import CliRunner
 from test_integrations import ChatCompletionsServer
+
+from tracemill.cli import main
 
 chat_server = scripted.chat_server  # the fixture, used here too
 
@@ -52,13 +58,18 @@ OPENAI_V2_AGENT = """
     client = OpenAI(base_url=os.environ["MODEL_URL"], api_key="not-needed")
     tools = json.loads(os.environ["TOOLS"])
     messages = [{"role": "user", "content": "Weather in Paris, then the forecast?"}]
-    for turn in range(5):
-        if turn == 3:
-            for chunk in client.chat.completions.create(model="llama3.1-8b", messages=messages, tools=tools,
-                                                        stream=True):
-                pass
-        else:
-            client.chat.completions.create(model="llama3.1-8b", messages=messages, tools=tools)
+    tracer = tracer_provider.get_tracer("agent")
+    with tracer.start_as_current_span("agent"):
+        if os.environ.get("OFFER_TOOLS"):  # the tools offered, recorded beside the instrumentation (which does not)
+            with tracer.start_as_current_span("tools/list") as listed:
+                listed.set_attribute("gen_ai.tool.definitions", os.environ["TOOLS"])
+        for turn in range(5):
+            if turn == 3:
+                for chunk in client.chat.completions.create(model="llama3.1-8b", messages=messages, tools=tools,
+                                                            stream=True):
+                    pass
+            else:
+                client.chat.completions.create(model="llama3.1-8b", messages=messages, tools=tools)
     # which signal reaches the collector first
     first, second = ((logger_provider, tracer_provider) if os.environ["FIRST"] == "logs"
                      else (tracer_provider, logger_provider))
@@ -130,3 +141,37 @@ def test_openai_v2_latest_conventions_content_on_spans(
         OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT="SPAN_ONLY",
     )
     _assert_calls(sqlite_url)
+
+
+def _mined_prompts(db_url: str, out: Path) -> dict[str, str]:
+    """The user message of each failed call's prompt, by the call's raw output."""
+    done = CliRunner().invoke(main, ["mine", "--db", db_url, "--out", str(out), "--valid-share", "0", "--json"])
+    assert done.exit_code == 0, done.output
+    rows = [json.loads(line) for split in ("train", "eval") for line in (out / f"{split}.jsonl").read_text().splitlines()]
+    return {r["raw"]: r["prompt"][-1]["content"] for r in rows}
+
+
+def test_the_conversation_reaches_the_reviser_prompt_from_log_events_as_from_spans(
+    start_collector, sqlite_url: str, tmp_path: Path
+) -> None:
+    """An agent whose instrumentation puts the messages in log events is mined with its conversation, as one that puts
+    them on the span: the same prompts either way."""
+    prompts = []
+    for n, content in enumerate(("EVENT_ONLY", "SPAN_ONLY")):
+        url = sqlite_url if n == 0 else f"sqlite:///{tmp_path}/spans.db"
+        server = ChatCompletionsServer()
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            _run(start_collector, url, tmp_path, server, TRANSPORT="http", FIRST="spans", OFFER_TOOLS="1",
+                 OTEL_SEMCONV_STABILITY_OPT_IN="gen_ai_latest_experimental",
+                 OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=content)
+        finally:
+            server.shutdown()
+            server.server_close()
+        scripted.stored(url, lambda rs: len(rs) == 4 and all(r.toolset_id is not None for r in rs))
+        prompts.append(_mined_prompts(url, tmp_path / f"export-{n}"))
+    from_events, from_spans = prompts
+    assert len(from_events) == 2  # the calls that failed: the one written as text, the one cut short
+    broken = next(raw for raw in from_events if "<tool_call>" not in raw)
+    assert "<conversation>\nuser: Weather in Paris, then the forecast?\n</conversation>" in from_events[broken]
+    assert from_events == from_spans
