@@ -171,6 +171,34 @@ def test_the_same_traffic_exports_the_same_rows_from_sqlite_and_postgresql(start
     assert any(order != sorted(order, key=lambda k: (len(k), k)) for order in offered.values())  # not JSONB's order
 
 
+@pytest.mark.postgres
+def test_a_conversation_sent_as_structured_values_exports_the_same_from_sqlite_and_postgresql(
+        start_collector, sqlite_url: str, postgres_url: str, tmp_path: Path) -> None:
+    # OTLP attributes and log records can hold maps: an instrumentation may send the messages so, not as JSON text.
+    # The arguments of a call in the history reach the prompt as text, in the order the model wrote them.
+    history = [
+        {"role": "user", "parts": [{"type": "text", "content": "Weather in Paris, in celsius?"}]},
+        {"role": "assistant", "parts": [{"type": "tool_call", "id": "c0", "name": "get_weather",
+                                         "arguments": {"units": "celsius", "city": "Paris"}}]},
+        {"role": "tool", "parts": [{"type": "tool_call_response", "id": "c0", "response": {"temp": 21, "sky": "clear"}}]},
+    ]
+    chat = chat_attributes([{"id": "c1", "name": "get_weather", "arguments": {"city": 7}}])  # city must be a string
+    chat["gen_ai.input.messages"] = history
+    body = export_request([make_span("ab" * 16, "cd" * 8, "chat", chat)])
+    exported = []
+    for n, url in enumerate((sqlite_url, postgres_url)):
+        collector = start_collector(url)
+        assert httpx.post(f"{collector.url}/v1/traces", content=body,
+                          headers={"Content-Type": "application/x-protobuf"}).status_code == 200
+        _mine(url, tmp_path / f"ds{n}", "--eval-share", "0")
+        [row] = _rows(tmp_path / f"ds{n}")
+        exported.append({k: v for k, v in row.items() if k != "created_at"})
+    from_sqlite, from_postgresql = exported
+    assert 'assistant: get_weather({"units":"celsius","city":"Paris"})' in from_sqlite["prompt"][1]["content"]
+    assert json.loads(from_sqlite["context"]) == history
+    assert from_postgresql == from_sqlite
+
+
 def test_since_last_mines_only_what_is_new_and_gold_comes_from_reviews(start_collector, sqlite_url: str,
                                                                        tmp_path: Path) -> None:
     collector = start_collector(sqlite_url)

@@ -23,8 +23,9 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 JSONType = JSON().with_variant(JSONB(), "postgresql")
-# JSON kept as it was written, key order included (PostgreSQL's `json`; JSONB sorts keys): tool schemas and calls, whose
-# order a model was shown and is shown again in reviser prompts, exports and the UI
+# JSON kept as it was written, key order included (PostgreSQL's `json`; JSONB sorts keys): what agents sent (spans, log
+# events: a conversation can come as a map), tool schemas and calls, whose order a model was shown and is shown again in
+# reviser prompts, exports and the UI
 WrittenJSON = JSON()
 
 
@@ -59,10 +60,10 @@ class SpanRow(Base):
     status_message: Mapped[str] = mapped_column(Text)
     service_name: Mapped[str | None] = mapped_column(Text)
     scope_name: Mapped[str] = mapped_column(Text)
-    attributes: Mapped[dict[str, Any]] = mapped_column(JSONType)
-    resource: Mapped[dict[str, Any]] = mapped_column(JSONType)
-    events: Mapped[list[Any]] = mapped_column(JSONType)
-    links: Mapped[list[Any]] = mapped_column(JSONType)
+    attributes: Mapped[dict[str, Any]] = mapped_column(WrittenJSON)
+    resource: Mapped[dict[str, Any]] = mapped_column(WrittenJSON)
+    events: Mapped[list[Any]] = mapped_column(WrittenJSON)
+    links: Mapped[list[Any]] = mapped_column(WrittenJSON)
     received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
@@ -372,6 +373,6 @@ class LogEventRow(Base):
     digest: Mapped[str] = mapped_column(String(64))  # sha256 of the record as decoded: a re-sent record is one row
     event_name: Mapped[str] = mapped_column(Text)
     time_ns: Mapped[int] = mapped_column(BigInteger)
-    attributes: Mapped[dict[str, Any]] = mapped_column(JSONType)
-    body: Mapped[Any] = mapped_column(JSONType, nullable=True)  # the record's body (AnyValue) decoded
+    attributes: Mapped[dict[str, Any]] = mapped_column(WrittenJSON)
+    body: Mapped[Any] = mapped_column(WrittenJSON, nullable=True)  # the record's body (AnyValue) decoded
     received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
