@@ -17,6 +17,7 @@ Tool lists are decoded once per distinct text and shared between spans: treat `T
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -70,6 +71,13 @@ _FLAT_TOOL = re.compile(r"(?:llm\.tools|llm\.request\.functions)\.(?P<n>\d+)\.(?
 
 
 
+def storable(text: Any) -> Any:
+    """A text read out of decoded JSON as the store keeps it, on SQLite as on PostgreSQL (whose `text` refuses NUL):
+    a NUL (U+0000) becomes U+FFFD. A request's own strings cannot hold one (`collector.decode` refuses them), but a
+    JSON attribute can say `\\u0000`."""
+    return text.replace("\x00", "\ufffd") if isinstance(text, str) and "\x00" in text else text
+
+
 @dataclass(slots=True)
 class ExtractedCall:
     """One tool call the model emitted."""
@@ -87,6 +95,15 @@ class ExtractedCall:
     read_arguments: dict[str, Any] | None = None
     response_id: str | None = None  # of the model's response, read for calls without an id only (`same_call`)
 
+    def __post_init__(self) -> None:
+        self.raw = storable(self.raw)
+        self.name, self.tool_call_id, self.read_name, self.response_id = map(
+            storable, (self.name, self.tool_call_id, self.read_name, self.response_id))
+        if isinstance(self.call_input, str):
+            self.call_input = storable(self.call_input)
+        elif isinstance(self.call_input.get("name"), str) and "\x00" in self.call_input["name"]:
+            self.call_input = {**self.call_input, "name": storable(self.call_input["name"])}
+
 
 @dataclass(slots=True)
 class ExtractedExecution:
@@ -98,6 +115,10 @@ class ExtractedExecution:
     ok: bool
     error: str | None
     result: str | None  # at most RESULT_LIMIT characters
+
+    def __post_init__(self) -> None:
+        self.tool_call_id, self.tool_name, self.arguments, self.error, self.result = map(
+            storable, (self.tool_call_id, self.tool_name, self.arguments, self.error, self.result))
 
 
 @dataclass(slots=True)
@@ -240,12 +261,19 @@ def _text(value: Any) -> str | None:
     return _dumps(value)
 
 
+_ID_CHARS = 256
+
+
 def _as_id(value: Any) -> str | None:
-    if isinstance(value, str) and value:
-        return value
+    """An id as stored; one longer than any real id is kept as its digest, alike wherever it is named (PostgreSQL's
+    index on the ids holds at most 2,704 bytes an entry: the span would not be stored)."""
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
-    return None
+    if not isinstance(value, str) or not value:
+        return None
+    if len(value) > _ID_CHARS:
+        return "sha256:" + hashlib.sha256(value.encode()).hexdigest()
+    return storable(value)
 
 
 def _first_str(attrs: Mapping[str, Any], keys: tuple[str, ...]) -> str | None:
@@ -504,7 +532,7 @@ def _response_id(attrs: dict[str, Any]) -> str | None:
     streamed)."""
     found = attrs.get("gen_ai.response.id")
     if isinstance(found, str):
-        return found or None
+        return _as_id(found)
     output = _decode(attrs.get("output.value"))
     if not isinstance(output, dict):
         return None

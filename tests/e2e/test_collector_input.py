@@ -4,6 +4,7 @@ refused request, spans stored once however often they are sent."""
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import subprocess
 import sys
@@ -313,20 +314,43 @@ def test_a_poisoned_resource_refuses_its_own_spans_only(sqlite_url: str, start_c
     assert stored(sqlite_url, "ef" * 16) == {"01" * 8, "03" * 8}
 
 
-@pytest.mark.postgres
-def test_a_value_postgres_refuses_is_logged_without_the_data(postgres_url: str, start_collector) -> None:  # type: ignore[no-untyped-def]
-    """A NUL character inside the JSON of a call written as text only shows up in the rows built from it (the call's
-    name); PostgreSQL's text refuses it. The span is refused alone, and the log names the error, never the values
-    sent."""
-    collector = start_collector(postgres_url)
+def test_a_nul_inside_a_json_attribute_is_stored_alike_on_sqlite_and_postgresql(db_url: str, start_collector) -> None:  # type: ignore[no-untyped-def]
+    """A NUL character written as `\\u0000` inside the JSON of a call only shows up once the JSON is read (the call's
+    name, its raw text). PostgreSQL's text refuses NUL: on both stores it becomes U+FFFD, and the span is kept."""
+    collector = start_collector(db_url)
     trace = "fa" * 16
     attributes = chat_attributes([])
     attributes["gen_ai.output.messages"] = json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": (
-        '{"name": "get_\\u0000weather", "arguments": {"city": "Paris", "units": "secret-units"}}')}]}])
-    poison = make_span(trace, "02" * 8, "chat", attributes)
-    body = export_request([pb_span(trace, "01" * 8), poison, pb_span(trace, "03" * 8)])
-    message = rejected_alone(collector, body, PROTOBUF, trace)
-    assert message.startswith("resourceSpans[0].scopeSpans[0].spans[1]") and "the store cannot keep one of its values" in message
-    log = collector.log.read_text()
-    assert "DataError" in log
-    assert "secret-units" not in log and "[SQL:" not in log and "[parameters:" not in log
+        '{"name": "get_\\u0000weather", "arguments": {"city": "Pa\\u0000ris"}}\u0000')}]}])
+    body = export_request([pb_span(trace, "01" * 8), make_span(trace, "02" * 8, "chat", attributes)])
+    response = httpx.post(f"{collector.url}/v1/traces", content=body, headers=PROTOBUF)
+    assert response.status_code == 200 and partial_success(response.content, PROTOBUF["Content-Type"]).rejected_spans == 0
+    assert stored(db_url, trace) == {"01" * 8, "02" * 8}
+    engine = make_engine(db_url)
+    with engine.connect() as conn:
+        call = conn.execute(text("select name, raw from tool_calls where trace_id = :t"), {"t": trace}).one()
+    engine.dispose()
+    assert call.name == "get_\ufffdweather" and call.raw.endswith("}\ufffd")
+
+
+def test_a_tool_call_id_too_long_for_an_index_is_kept_as_its_digest(db_url: str, start_collector) -> None:  # type: ignore[no-untyped-def]
+    """PostgreSQL's index on tool call ids holds at most 2,704 bytes an entry: a span with a longer id could not be
+    stored there (and its whole request was answered 503, again and again). Such an id is kept as its digest on both
+    stores, and the tool's execution, which names the same id, is still linked to the call."""
+    collector = start_collector(db_url)
+    trace = "fb" * 16
+    long_id = "".join(f"{n:x}" for n in range(2_000))  # 6,890 characters that do not compress
+    chat = make_span(trace, "02" * 8, "chat", chat_attributes(
+        [{"id": long_id, "name": "get_weather", "arguments": {"city": "Paris"}}]))
+    ran = make_span(trace, "03" * 8, "execute_tool get_weather", {
+        "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "get_weather", "gen_ai.tool.call.id": long_id,
+        "gen_ai.tool.call.result": "sunny"}, parent="02" * 8)
+    response = httpx.post(f"{collector.url}/v1/traces", content=export_request([chat, ran]), headers=PROTOBUF)
+    assert response.status_code == 200 and partial_success(response.content, PROTOBUF["Content-Type"]).rejected_spans == 0
+    engine = make_engine(db_url)
+    with engine.connect() as conn:
+        call = conn.execute(text("select tool_call_id, execution_status, execution_result from tool_calls "
+                                 "where trace_id = :t"), {"t": trace}).one()
+    engine.dispose()
+    assert call.tool_call_id == "sha256:" + hashlib.sha256(long_id.encode()).hexdigest()
+    assert (call.execution_status, call.execution_result) == ("success", "sunny")
