@@ -193,11 +193,17 @@ def ingest(body: bytes, content_type: str, gzipped: bool, logs: bool = False) ->
     return _worker.ingest(body, content_type, gzipped)
 
 
+_PROGRAM_LIMIT = "54"  # PostgreSQL's SQLSTATE class for a limit a value went past (an index entry over 2,704 bytes)
+
+
 def _caused_by_data(exc: Exception) -> bool:
-    """Whether the values written are what failed: the driver says so (DataError), a value could not be bound, or the
-    error is no store's nor the system's (turning spans into rows raised, or the driver could not convert a value).
-    Other store errors (connections, locks, the schema) are the store's, and worth a retry."""
+    """Whether the values written are what failed: the driver says so (DataError, or PostgreSQL's "program limit
+    exceeded", which psycopg raises as an OperationalError), a value could not be bound, or the error is no store's
+    nor the system's (turning spans into rows raised, or the driver could not convert a value). Other store errors
+    (connections, locks, the schema) are the store's, and worth a retry."""
     if isinstance(exc, DataError) or (isinstance(exc, StatementError) and not isinstance(exc, DBAPIError)):
+        return True
+    if isinstance(exc, DBAPIError) and str(getattr(exc.orig, "sqlstate", None) or "").startswith(_PROGRAM_LIMIT):
         return True
     return not isinstance(exc, (SQLAlchemyError, OSError, MemoryError))
 

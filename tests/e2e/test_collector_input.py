@@ -15,8 +15,10 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
 
 from support import chat_attributes, export_request, make_span
+from tracemill.collector.worker import _caused_by_data
 from tracemill.otlp import partial_success
 from tracemill.store.engine import make_engine
 
@@ -354,3 +356,20 @@ def test_a_tool_call_id_too_long_for_an_index_is_kept_as_its_digest(db_url: str,
     engine.dispose()
     assert call.tool_call_id == "sha256:" + hashlib.sha256(long_id.encode()).hexdigest()
     assert (call.execution_status, call.execution_result) == ("success", "sunny")
+
+
+@pytest.mark.postgres
+def test_a_value_past_a_postgresql_limit_is_its_span_s_fault_and_a_lost_store_is_not(postgres_url: str) -> None:
+    """psycopg raises PostgreSQL's "program limit exceeded" (an index entry over 2,704 bytes) as an OperationalError,
+    as it does a lost connection. The first would fail again however often it is sent: its span is refused alone, like
+    a DataError; the second is worth a retry (503)."""
+    engine = make_engine(postgres_url)
+    with pytest.raises(OperationalError) as past_limit, engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TEMPORARY TABLE limited (v text)")
+        conn.exec_driver_sql("CREATE INDEX ON limited (v)")
+        conn.exec_driver_sql("INSERT INTO limited VALUES (%(v)s)", {"v": "".join(f"{n:x}" for n in range(2_000))})
+    engine.dispose()
+    unreachable = make_engine("postgresql+psycopg://postgres@127.0.0.1:1/test")
+    with pytest.raises(OperationalError) as lost:
+        unreachable.connect()
+    assert _caused_by_data(past_limit.value) and not _caused_by_data(lost.value)
