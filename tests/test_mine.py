@@ -180,7 +180,8 @@ def test_a_conversation_sent_as_structured_values_exports_the_same_from_sqlite_a
         {"role": "user", "parts": [{"type": "text", "content": "Weather in Paris, in celsius?"}]},
         {"role": "assistant", "parts": [{"type": "tool_call", "id": "c0", "name": "get_weather",
                                          "arguments": {"units": "celsius", "city": "Paris"}}]},
-        {"role": "tool", "parts": [{"type": "tool_call_response", "id": "c0", "response": {"temp": 21, "sky": "clear"}}]},
+        {"role": "tool", "parts": [{"type": "tool_call_response", "id": "c0",
+                                    "response": {"temp": 21, "sky": "clear"}}]},
     ]
     chat = chat_attributes([{"id": "c1", "name": "get_weather", "arguments": {"city": 7}}])  # city must be a string
     chat["gen_ai.input.messages"] = history

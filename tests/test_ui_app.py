@@ -8,6 +8,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -21,7 +22,7 @@ from tracemill.store.tables import ModelRow, ReviewQueueRow, ToolCallRow, utcnow
 from tracemill.ui import decide, deploy, users
 from tracemill.ui.access import Identity, NotAllowed, Role
 
-from support import CollectorProcess
+from support import CHAT_WITHOUT_OUTPUT, CollectorProcess, export_request, logs_request, make_span
 
 APP = Path(__file__).resolve().parents[1] / "ui" / "app.py"
 PAGES = ("traces", "failures", "review", "datasets", "models")
@@ -219,3 +220,40 @@ def test_only_admins_deploy_and_roll_back(app, store: str) -> None:  # type: ign
     with Session(engine) as session:
         assert len(deployments.history(session)) == 3
     engine.dispose()
+
+
+def test_a_span_whose_messages_came_as_log_events_shows_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamlit.testing.v1 import AppTest
+
+    url = f"sqlite:///{tmp_path / 'events.db'}"
+    collector = CollectorProcess(url, tmp_path).start()
+    trace, span = "ab" * 16, "cd" * 8
+    try:
+        for path, body in (("traces", export_request([make_span(trace, span, "chat llama3.1-8b",
+                                                                  CHAT_WITHOUT_OUTPUT)])),
+                           ("logs", logs_request(trace, span, [
+                               {"name": "gen_ai.user.message", "body": {"content": "Weather in Oslo tonight?"}},
+                               {"name": "gen_ai.choice", "body": {"index": 0, "message": {
+                                   "role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {
+                                       "name": "get_weather", "arguments": '{"city": "Oslo"'}}]}}}]))):
+            answer = httpx.post(f"{collector.url}/v1/{path}", content=body,
+                                headers={"Content-Type": "application/x-protobuf"})
+            assert answer.status_code == 200, answer.text
+    finally:
+        collector.stop()
+    users.add_user(make_engine(url), "rita", Role.REVIEWER, PASSWORD)
+    monkeypatch.setenv("TRACEMILL_DATABASE_URL", url)
+    get_settings.cache_clear()
+    try:
+        at = AppTest.from_file(str(APP), default_timeout=60).run()
+        at.text_input(key="sign_in_name").input("rita")
+        at.text_input(key="sign_in_password").input(PASSWORD)
+        at.button[0].click().run()
+        at.query_params["trace"] = trace
+        at.switch_page("pages/traces.py").run()
+        assert not at.exception, at.exception
+        assert [t.label for t in at.tabs][2] == "Events (2)"
+        assert "gen_ai.user.message** · log event" in _texts(at)
+        assert any("Weather in Oslo tonight?" in json.dumps(j.value) for j in at.json)
+    finally:
+        get_settings.cache_clear()

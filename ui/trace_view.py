@@ -1,5 +1,6 @@
 """One trace: its spans as a tree with timings, and for each tool call the raw output, the parsed call with its
-violations pointed at, the tool's schema and any revision as a diff. Large attributes are read a page at a time."""
+violations pointed at, the tool's schema and any revision as a diff. Large attributes are read a page at a time; a
+span's GenAI log events (where an instrumentation sends the messages) are shown with its own events."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import streamlit as st
 
+from tracemill.collector.joins import stored_events
 from tracemill.repair import revise
 from tracemill.spans import SpanRecord
 from tracemill.store import queries
@@ -25,6 +27,7 @@ def show_trace(ctx: Context, trace_id: str) -> None:
         spans = queries.trace_spans(conn, trace_id, resolved=False)
         calls = queries.trace_calls(conn, [trace_id])[trace_id]
         tools = queries.toolsets(conn, {c.toolset_id for c in calls if c.toolset_id is not None})
+        logged = stored_events(conn, {(trace_id, s.span_id) for s in spans})  # openai-v2 sends the messages so
     if not spans:
         st.warning(f"No trace {trace_id} in the store.")
         return
@@ -57,7 +60,8 @@ def show_trace(ctx: Context, trace_id: str) -> None:
     span = rows[chosen].span
     span_calls = by_span.get(span.span_id, [])
     executed = [c for c in calls if c.execution_span_id == span.span_id]
-    tabs = st.tabs([f"Tool calls ({len(span_calls)})", "Attributes", f"Events ({len(span.events)})"])
+    log_events = logged.get((trace_id, span.span_id), [])
+    tabs = st.tabs([f"Tool calls ({len(span_calls)})", "Attributes", f"Events ({len(span.events) + len(log_events)})"])
     with tabs[0]:
         if not span_calls and executed:
             st.caption("This span ran the call below.")
@@ -72,7 +76,11 @@ def show_trace(ctx: Context, trace_id: str) -> None:
     with tabs[2]:
         if span.events:
             st.json(masking.mask_value(span.events) if masked else span.events, expanded=False)
-        else:
+        for event in log_events:
+            st.markdown(f"**{html.escape(event.event_name)}** · log event")
+            shown = {"attributes": event.attributes, "body": event.body}
+            st.json(masking.mask_value(shown) if masked else shown, expanded=True)
+        if not span.events and not log_events:
             st.caption("No events.")
 
 

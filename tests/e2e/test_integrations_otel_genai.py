@@ -4,9 +4,9 @@ real collector with the real OTLP exporters, and the calls land as tool_calls ro
 With content captured as events (`EVENT_ONLY`), the instrumentation puts the model's messages in one log event per
 call (`gen_ai.client.inference.operation.details`) sent to `/v1/logs`, apart from its span: whichever arrives first,
 the rows are the same. With span-only content (`SPAN_ONLY`) the messages are on the span. Either way the
-instrumentation does not record the tools offered, so the calls (the one written as text too) are stored with unknown name and schema verdicts.
-Where the agent records them beside it (a span with `gen_ai.tool.definitions`), the calls are mined, and the reviser's
-prompt holds the conversation whether it came in events or on the span.
+instrumentation does not record the tools offered, so the calls (the one written as text too) are stored with unknown
+name and schema verdicts. Where the agent records them beside it (a span with `gen_ai.tool.definitions`), the calls
+are mined, and the reviser's prompt holds the conversation whether it came in events or on the span.
 
 openai-v2 2.4b0 runs only with opentelemetry-util-genai 1.0b0 or 1.1b0 (1.2b0 renamed a module it imports), which
 always use the latest experimental conventions; the older conventions' `gen_ai.choice` events are read too
@@ -147,7 +147,8 @@ def _mined_prompts(db_url: str, out: Path) -> dict[str, str]:
     """The user message of each failed call's prompt, by the call's raw output."""
     done = CliRunner().invoke(main, ["mine", "--db", db_url, "--out", str(out), "--valid-share", "0", "--json"])
     assert done.exit_code == 0, done.output
-    rows = [json.loads(line) for split in ("train", "eval") for line in (out / f"{split}.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for split in ("train", "eval")
+            for line in (out / f"{split}.jsonl").read_text().splitlines()]
     return {r["raw"]: r["prompt"][-1]["content"] for r in rows}
 
 
