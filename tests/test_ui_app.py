@@ -5,6 +5,7 @@ refused decision, and deployments that only admins make."""
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +30,15 @@ PAGES = ("traces", "failures", "review", "datasets", "models")
 TITLES = {"traces": "Traces", "failures": "Failure modes", "review": "Review queue", "datasets": "Datasets",
           "models": "Models and deployments"}
 PASSWORD = "a long enough password"
+
+
+@pytest.fixture(autouse=True)
+def _main_module_kept() -> Iterator[None]:
+    """AppTest leaves the app's script as `__main__`: a process spawned later in this run (the miner's workers) would
+    run the script again instead of its work, and never finish."""
+    main = sys.modules["__main__"]
+    yield
+    sys.modules["__main__"] = main
 
 
 @pytest.fixture(scope="module")
