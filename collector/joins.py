@@ -18,10 +18,10 @@ from sqlalchemy import Connection, select, text
 
 from tracemill.collector.logs import LogEvent
 from tracemill.spans import SpanRecord
+from tracemill.store.queries import by_span_keys
 from tracemill.store.queries import span as stored_span
 from tracemill.store.tables import LogEventRow
 
-_EVENTS = LogEventRow.__table__
 _MODEL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
 _CHOICE = "gen_ai.choice"
 _LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended(:t, 4318))")
@@ -69,26 +69,14 @@ def lock_traces(conn: Connection, dialect: str, trace_ids: Iterable[str]) -> Non
 
 
 def stored_events(conn: Connection, keys: set[Key]) -> dict[Key, list[LogEvent]]:
-    """The stored events of these spans."""
+    """The stored events of these spans, in the order they were stored."""
     found: dict[Key, list[LogEvent]] = {}
     if not keys:
         return found
-    rows = conn.execute(
-        select(
-            _EVENTS.c.trace_id,
-            _EVENTS.c.span_id,
-            _EVENTS.c.event_name,
-            _EVENTS.c.time_ns,
-            _EVENTS.c.attributes,
-            _EVENTS.c.body,
-        )
-        .where(_EVENTS.c.trace_id.in_({t for t, _ in keys}), _EVENTS.c.span_id.in_({s for _, s in keys}))
-        .order_by(_EVENTS.c.id)
-    )
-    for row in rows:
-        key = (row.trace_id, row.span_id)
-        if key in keys:
-            found.setdefault(key, []).append(LogEvent(*row))
+    statement = select(LogEventRow.trace_id, LogEventRow.span_id, LogEventRow.event_name, LogEventRow.time_ns,
+                       LogEventRow.attributes, LogEventRow.body).order_by(LogEventRow.id)
+    for row in by_span_keys(conn, statement, sorted(keys), LogEventRow):
+        found.setdefault((row.trace_id, row.span_id), []).append(LogEvent(*row))
     return found
 
 

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from sqlalchemy import Connection, Engine, Select, String, and_, bindparam, func, select
+from sqlalchemy import Engine, select
 
-from tracemill.collector.logs import LogEvent
+from tracemill.collector.joins import stored_events
 from tracemill.miner.conversation import GENAI_MESSAGES, event_messages, is_conversation, span_messages
 from tracemill.miner.parquet import RowWriter
 from tracemill.miner.repairs import find_repairs
@@ -25,8 +25,8 @@ from tracemill.miner.rows import build_row, reference_for
 from tracemill.reader import Reading, read
 from tracemill.reviser_prompt import PromptSettings
 from tracemill.store.payloads import REF_KEY, is_reference
-from tracemill.store.queries import CallFilter, StoredCall, iter_traces, toolsets
-from tracemill.store.tables import LogEventRow, PayloadRow, ReviewRow, SpanRow
+from tracemill.store.queries import CallFilter, StoredCall, by_span_keys, iter_traces, toolsets
+from tracemill.store.tables import PayloadRow, ReviewRow, SpanRow
 from tracemill.tools import Tool, tool_index
 
 SPLITS = ("train", "eval")
@@ -121,29 +121,6 @@ def _json_or_text(text: str) -> Any:
         return text
 
 
-def _of_spans(conn: Connection, statement: Select[Any], keys: list[tuple[str, str]],
-              table: type[SpanRow] | type[LogEventRow] = SpanRow) -> list[Any]:
-    """The rows of `statement` over the spans (or their log events: `table`) with these (trace id, span id) keys,
-    looked up in the (trace_id, span_id) index: on SQLite joined to the keys bound as one JSON array (one statement
-    whatever the keys, so that it is compiled once; given two IN lists SQLite tries every pair of them), on
-    PostgreSQL with two IN lists (faster there than a join), the pairs not asked for left out."""
-    if conn.dialect.name == "sqlite":
-        pairs = func.json_each(bindparam("keys", type_=String)).table_valued("value")
-        wanted = select(func.json_extract(pairs.c.value, "$[0]").label("trace_id"),
-                        func.json_extract(pairs.c.value, "$[1]").label("span_id")).subquery("wanted")
-        joined = statement.select_from(wanted).join(table, and_(table.trace_id == wanted.c.trace_id,
-                                                                 table.span_id == wanted.c.span_id))
-        return conn.execute(joined, {"keys": orjson.dumps(keys).decode()}).all()
-    asked = set(keys)
-    rows = conn.execute(statement.where(table.trace_id.in_({t for t, _ in keys}),
-                                        table.span_id.in_({s for _, s in keys}))).all()
-    return [r for r in rows if (r.trace_id, r.span_id) in asked]
-
-
-_EVENT_COLUMNS = (LogEventRow.trace_id, LogEventRow.span_id, LogEventRow.event_name, LogEventRow.time_ns,
-                  LogEventRow.attributes, LogEventRow.body)
-
-
 def _contexts(engine: Engine, calls: list[StoredCall]) -> dict[tuple[str, str], list[Any]]:
     """The conversation of each call's span (`miner.conversation`); of the values stored once, only the conversations
     are read."""
@@ -154,13 +131,13 @@ def _contexts(engine: Engine, calls: list[StoredCall]) -> dict[tuple[str, str], 
             chunk = keys[start:start + 500]
             # only the GenAI conversation, extracted by the database as the text it was sent as (decoding whole
             # attributes, or having the database quote the text as JSON and decoding that, costs more)
-            rows = _of_spans(conn, select(SpanRow.trace_id, SpanRow.span_id,
+            rows = by_span_keys(conn, select(SpanRow.trace_id, SpanRow.span_id,
                                           SpanRow.attributes[GENAI_MESSAGES].as_string().label("messages")), chunk)
             spans = {(r.trace_id, r.span_id): {GENAI_MESSAGES: _json_or_text(r.messages)} for r in rows
                      if r.messages is not None}
             others = set(chunk) - set(spans)
             if others:  # another convention: read the span's attributes
-                rows = _of_spans(conn, select(SpanRow.trace_id, SpanRow.span_id, SpanRow.attributes), sorted(others))
+                rows = by_span_keys(conn, select(SpanRow.trace_id, SpanRow.span_id, SpanRow.attributes), sorted(others))
                 spans.update({(r.trace_id, r.span_id): {k: v for k, v in (r.attributes or {}).items()
                                                         if is_conversation(k)} for r in rows})
             digests = {v[REF_KEY] for a in spans.values() for v in a.values() if is_reference(v)}
@@ -169,12 +146,9 @@ def _contexts(engine: Engine, calls: list[StoredCall]) -> dict[tuple[str, str], 
             for key, attributes in spans.items():
                 found[key] = span_messages({k: bodies.get(v[REF_KEY]) if is_reference(v) else v
                                             for k, v in attributes.items()})
-            unsaid = sorted(key for key in chunk if not found.get(key))
+            unsaid = {key for key in chunk if not found.get(key)}
             if unsaid:  # the messages may have come as the span's log events
-                events: dict[tuple[str, str], list[LogEvent]] = {}
-                for row in _of_spans(conn, select(*_EVENT_COLUMNS).order_by(LogEventRow.id), unsaid, LogEventRow):
-                    events.setdefault((row.trace_id, row.span_id), []).append(LogEvent(*row))
-                found.update((key, event_messages(said)) for key, said in events.items())
+                found.update((key, event_messages(said)) for key, said in stored_events(conn, unsaid).items())
     return found
 
 

@@ -9,12 +9,14 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Engine, Select, and_, func, or_, select, text, tuple_
+import orjson
+from sqlalchemy import (ColumnElement, Connection, Engine, Select, String, and_, bindparam, func, or_, select, text,
+                        tuple_)
 from sqlalchemy.exc import OperationalError
 
 from tracemill.spans import SpanRecord
 from tracemill.store.payloads import resolve
-from tracemill.store.tables import SpanRow, ToolCallRow, ToolsetRow
+from tracemill.store.tables import LogEventRow, SpanRow, ToolCallRow, ToolsetRow
 from tracemill.tools import Tool, normalize_tools
 
 C = ToolCallRow
@@ -252,6 +254,25 @@ def trace_spans(conn: Connection, trace_id: str, resolved: bool = True) -> list[
     rows = conn.execute(select(*_SPAN_COLUMNS).where(SpanRow.trace_id == trace_id)
                         .order_by(SpanRow.start_time_ns, SpanRow.id))
     return [_span(conn, row, resolved) for row in rows]
+
+
+def by_span_keys(conn: Connection, statement: Select[Any], keys: Sequence[tuple[str, str]],
+                 table: type[SpanRow] | type[LogEventRow] = SpanRow) -> list[Any]:
+    """The rows of `statement` over the spans (or their log events: `table`) with these (trace id, span id) keys,
+    looked up in the (trace_id, span_id) index: on SQLite joined to the keys bound as one JSON array (one statement
+    whatever the keys, so that it is compiled once; given two IN lists SQLite tries every pair of them), on
+    PostgreSQL with two IN lists (faster there than a join), the pairs not asked for left out."""
+    if conn.dialect.name == "sqlite":
+        pairs = func.json_each(bindparam("keys", type_=String)).table_valued("value")
+        wanted = select(func.json_extract(pairs.c.value, "$[0]").label("trace_id"),
+                        func.json_extract(pairs.c.value, "$[1]").label("span_id")).subquery("wanted")
+        joined = statement.select_from(wanted).join(table, and_(table.trace_id == wanted.c.trace_id,
+                                                                 table.span_id == wanted.c.span_id))
+        return conn.execute(joined, {"keys": orjson.dumps(list(keys)).decode()}).all()
+    asked = set(keys)
+    rows = conn.execute(statement.where(table.trace_id.in_({t for t, _ in keys}),
+                                        table.span_id.in_({s for _, s in keys}))).all()
+    return [r for r in rows if (r.trace_id, r.span_id) in asked]
 
 
 def span(conn: Connection, trace_id: str, span_id: str, resolved: bool = True) -> SpanRecord | None:
