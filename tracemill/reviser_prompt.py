@@ -78,13 +78,18 @@ def _words(text: str) -> set[str]:
 
 
 @lru_cache(maxsize=65536)
+def _keys(name: str) -> tuple[str, str]:
+    """The `name_key` of a name and of its base name, as name scores compare them."""
+    return name_key(name), name_key(base_name(name))
+
+
+@lru_cache(maxsize=65536)
 def _name_score(name: str, tool: str) -> float:
-    keys = (name_key(name), name_key(tool))
-    full = difflib.SequenceMatcher(None, *keys, autojunk=False).ratio()
-    short = (name_key(base_name(name)), name_key(base_name(tool)))
-    if short == keys:  # neither name has a prefix: the same pair
+    (full_a, short_a), (full_b, short_b) = _keys(name), _keys(tool)
+    full = difflib.SequenceMatcher(None, full_a, full_b, autojunk=False).ratio()
+    if (short_a, short_b) == (full_a, full_b):  # neither name has a prefix: the same pair
         return full
-    return max(full, difflib.SequenceMatcher(None, *short, autojunk=False).ratio())
+    return max(full, difflib.SequenceMatcher(None, short_a, short_b, autojunk=False).ratio())
 
 
 @lru_cache(maxsize=65536)
@@ -92,18 +97,20 @@ def _letters(key: str) -> Counter[str]:
     return Counter(key)
 
 
-def _ratio_bound(a: str, b: str) -> float:
-    """At least what `SequenceMatcher(None, a, b).ratio()` gives: twice the letters the two share, over both
-    lengths (difflib's `quick_ratio`)."""
+def _ratio_bound(a: str, b: str, below: float) -> bool:
+    """Whether `SequenceMatcher(None, a, b).ratio()` can reach `below` or more: twice the letters the two share, over
+    both lengths, bounds it (difflib's `quick_ratio`), and twice the shorter length over both bounds that
+    (`real_quick_ratio`)."""
     if not a or not b:
-        return 0.0 if a or b else 1.0
-    return 2.0 * sum((_letters(a) & _letters(b)).values()) / (len(a) + len(b))
+        return (0.0 if a or b else 1.0) > below
+    both = len(a) + len(b)
+    return 2.0 * min(len(a), len(b)) / both > below and 2.0 * sum((_letters(a) & _letters(b)).values()) / both > below
 
 
-def _score_bound(name: str, tool: str) -> float:
-    """At least `_name_score(name, tool)`."""
-    full = _ratio_bound(name_key(name), name_key(tool))
-    return max(full, _ratio_bound(name_key(base_name(name)), name_key(base_name(tool))))
+def _may_beat(name: str, tool: str, best: float) -> bool:
+    """Whether `_name_score(name, tool)` can be more than `best`."""
+    (full_a, short_a), (full_b, short_b) = _keys(name), _keys(tool)
+    return _ratio_bound(full_a, full_b, best) or _ratio_bound(short_a, short_b, best)
 
 
 @lru_cache(maxsize=16384)
@@ -114,7 +121,7 @@ def _name_scores(names: tuple[str, ...], tools: tuple[str, ...]) -> tuple[float,
     for tool in tools:
         best = 0.0
         for name in names:
-            if best < _score_bound(name, tool):
+            if _may_beat(name, tool, best):
                 best = max(best, _name_score(name, tool))
         scores.append(best)
     return tuple(scores)
