@@ -21,7 +21,7 @@ import orjson
 from tracemill.names import match_tool
 from tracemill.reader import Reading, read
 from tracemill.store.queries import StoredCall
-from tracemill.tools import Tool, base_name, name_key
+from tracemill.tools import Tool, base_key, base_name, name_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,9 +110,9 @@ def _outputs(calls: Sequence[StoredCall]) -> list[list[StoredCall]]:
 
 def _attempts(output: Sequence[StoredCall], tools: Sequence[str]) -> bool:
     """Whether an output calls (or, as text, names) one of these tools."""
-    names = {name_key(t) for t in tools} | {name_key(base_name(t)) for t in tools}
+    names = {name_key(t) for t in tools} | {base_key(t) for t in tools}
     for call in output:
-        if call.name is not None and (name_key(call.name) in names or name_key(base_name(call.name)) in names):
+        if call.name is not None and (name_key(call.name) in names or base_key(call.name) in names):
             return True
         if call.name is None and any(base_name(t) in call.raw for t in tools):
             return True

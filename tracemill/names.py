@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping, Sequence
 
-from tracemill.tools import Tool, base_name, name_key, name_parts
+from tracemill.tools import Tool, base_key, name_key, name_parts
 
 
 def _bases(name: str) -> set[str]:
@@ -32,10 +32,6 @@ def unique_closest(name: str, candidates: Sequence[str], cutoff: float) -> str |
     return scored[0][1]
 
 
-def _last_key(name: str) -> str:
-    return name_key(base_name(name))
-
-
 def match_tool(name: str, index: Mapping[str, Tool]) -> tuple[str, str] | None:
     """(tool name, why) for a near-miss of exactly one offered tool; None when there is none or it is ambiguous."""
     key = name_key(name)
@@ -44,7 +40,7 @@ def match_tool(name: str, index: Mapping[str, Tool]) -> tuple[str, str] | None:
         return (same[0], "same tool name up to case and separators") if len(same) == 1 else None
     bases = _bases(name)
     for tier in ((lambda t: name_key(t) in bases or key in _bases(t)),
-                 (lambda t: _last_key(t) == _last_key(name))):
+                 (lambda t: base_key(t) == base_key(name))):
         found = [t for t in index if tier(t)]
         if found:
             return (found[0], "same tool name up to a server or namespace prefix") if len(found) == 1 else None

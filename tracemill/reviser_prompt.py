@@ -30,7 +30,7 @@ import orjson
 
 from tracemill.names import match_tool
 from tracemill.reader import Reading, read
-from tracemill.tools import Tool, base_name, name_key
+from tracemill.tools import Tool, base_key, name_key
 
 SYSTEM = ("You repair tool calls. Given the tools, the conversation and a model's output, reply with only the tool "
           'call the model meant, as JSON: {"name": ..., "arguments": {...}}, or a JSON array of such calls. Use only '
@@ -80,7 +80,7 @@ def _words(text: str) -> set[str]:
 @lru_cache(maxsize=65536)
 def _keys(name: str) -> tuple[str, str]:
     """The `name_key` of a name and of its base name, as name scores compare them."""
-    return name_key(name), name_key(base_name(name))
+    return name_key(name), base_key(name)
 
 
 @lru_cache(maxsize=65536)
@@ -97,20 +97,20 @@ def _letters(key: str) -> Counter[str]:
     return Counter(key)
 
 
-def _ratio_bound(a: str, b: str, below: float) -> bool:
-    """Whether `SequenceMatcher(None, a, b).ratio()` can reach `below` or more: twice the letters the two share, over
+def _ratio_may_beat(a: str, b: str, best: float) -> bool:
+    """Whether `SequenceMatcher(None, a, b).ratio()` can be more than `best`: twice the letters the two share, over
     both lengths, bounds it (difflib's `quick_ratio`), and twice the shorter length over both bounds that
     (`real_quick_ratio`)."""
     if not a or not b:
-        return (0.0 if a or b else 1.0) > below
+        return (0.0 if a or b else 1.0) > best
     both = len(a) + len(b)
-    return 2.0 * min(len(a), len(b)) / both > below and 2.0 * sum((_letters(a) & _letters(b)).values()) / both > below
+    return 2.0 * min(len(a), len(b)) / both > best and 2.0 * sum((_letters(a) & _letters(b)).values()) / both > best
 
 
 def _may_beat(name: str, tool: str, best: float) -> bool:
     """Whether `_name_score(name, tool)` can be more than `best`."""
     (full_a, short_a), (full_b, short_b) = _keys(name), _keys(tool)
-    return _ratio_bound(full_a, full_b, best) or _ratio_bound(short_a, short_b, best)
+    return _ratio_may_beat(full_a, full_b, best) or _ratio_may_beat(short_a, short_b, best)
 
 
 @lru_cache(maxsize=16384)

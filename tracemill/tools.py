@@ -118,6 +118,11 @@ def base_name(name: str) -> str:
     return name_parts(name)[-1]
 
 
+def base_key(name: str) -> str:
+    """The `name_key` of a name's base name: `Server:get_weather` and `functions.GetWeather` match."""
+    return name_key(base_name(name))
+
+
 def schema_types(schema: Any) -> set[str]:
     """The JSON types a schema admits, looking into `anyOf`/`oneOf`; empty when it does not say."""
     if not isinstance(schema, Mapping):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tracemill.faults.kinds import Fault
-from tracemill.tools import Tool, base_name, name_key, schema_types
+from tracemill.tools import Tool, base_key, base_name, name_key, schema_types
 
 _EXTRA_PARAMS: tuple[tuple[str, Any], ...] = (
     ("verbose", True), ("format", "json"), ("api_version", "v1"), ("confirm", True), ("request_id", "req-1"),
@@ -95,7 +95,7 @@ def _tool_name_separator(t: Target, rng: random.Random) -> _Done | None:
 def _tool_name_prefix(t: Target, rng: random.Random) -> _Done | None:
     if ":" in t.name:
         variant = t.name.rpartition(":")[2]
-        same_base = [n for n in t.names if name_key(base_name(n)) == name_key(variant)]
+        same_base = [n for n in t.names if base_key(n) == name_key(variant)]
         return variant, t.args, Fault("tool_name_prefix", same_base == [t.tool.name], f"{t.name} -> {variant}")
     variant = rng.choice(("functions.", "default_api.", "tools.", "mcp__tools__")) + t.name
     return variant, t.args, Fault("tool_name_prefix", _unique_key(t.name, t.tool.name, t.names),
