@@ -1,3 +1,4 @@
+import difflib
 import json
 import random
 
@@ -7,8 +8,9 @@ from hypothesis import strategies as st
 
 from tracemill.bfcl import load_bfcl
 from tracemill.faults import KINDS, corrupt_calls
+from tracemill.names import similarity
 from tracemill.repair import StepKind, revise
-from tracemill.tools import load_mcp_bench, tool_index
+from tracemill.tools import load_mcp_bench, name_key, tool_index
 from tracemill.verify import Stage, ToolCall, verify
 
 CASES = load_bfcl()
@@ -139,6 +141,21 @@ def test_two_equally_close_names_are_not_picked():
     revision = revise('{"name": "search", "arguments": {"query": "aspirin"}}', index)
     assert not revision.ok and revision.calls[0].name == "search"
     assert revision.verdicts[0].stage is Stage.TOOL_NAME
+
+
+def test_name_similarity_is_difflibs_ratio_on_every_platform():
+    # a compiled SequenceMatcher is used where its wheel exists; prompts and near-miss picks must not depend on that
+    keys = sorted({name_key(t.name) for t in MCP_TOOLS} | {name_key(t.name) for c in CASES[:300] for t in c.tools})
+    pairs = [(a, b) for i, a in enumerate(keys) for b in keys[i + 1:i + 40]]
+    assert len(pairs) > 10_000
+    assert [similarity(a, b) for a, b in pairs] == [
+        difflib.SequenceMatcher(None, a, b, autojunk=False).ratio() for a, b in pairs]
+
+
+@given(st.text(max_size=60), st.text(max_size=60))
+@settings(max_examples=300)
+def test_name_similarity_is_difflibs_ratio_on_any_text(a, b):
+    assert similarity(a, b) == difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
 
 
 def test_schema_guided_coercion_and_names():

@@ -6,10 +6,19 @@ clearly closest name. The reviser's reader and its fixing both ask this module, 
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping, Sequence
 
 from tracemill.tools import Tool, base_key, name_key, name_parts
+
+try:  # difflib's own algorithm, compiled: the same ratios, about four times faster; difflib where no wheel is built
+    from cydifflib import SequenceMatcher
+except ImportError:  # a Python that cydifflib publishes no wheel for
+    from difflib import SequenceMatcher
+
+
+def similarity(a: str, b: str) -> float:
+    """difflib's ratio of two names (twice the matched characters over both lengths), no junk heuristic."""
+    return SequenceMatcher(None, a, b, autojunk=False).ratio()
 
 
 def _bases(name: str) -> set[str]:
@@ -23,7 +32,7 @@ def unique_closest(name: str, candidates: Sequence[str], cutoff: float) -> str |
     key = name_key(name)
     scored = []
     for c in candidates:
-        matcher = difflib.SequenceMatcher(None, key, name_key(c), autojunk=False)
+        matcher = SequenceMatcher(None, key, name_key(c), autojunk=False)
         if matcher.real_quick_ratio() >= cutoff and matcher.quick_ratio() >= cutoff:
             scored.append((matcher.ratio(), c))
     scored.sort(reverse=True)

@@ -16,7 +16,6 @@ The answer a reviser gives is the intended call, or a JSON array of calls, as `{
 
 from __future__ import annotations
 
-import difflib
 import heapq
 import operator
 import re
@@ -28,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from tracemill.names import match_tool
+from tracemill.names import match_tool, similarity
 from tracemill.reader import Reading, read
 from tracemill.tools import Tool, base_key, name_key
 
@@ -86,10 +85,10 @@ def _keys(name: str) -> tuple[str, str]:
 @lru_cache(maxsize=65536)
 def _name_score(name: str, tool: str) -> float:
     (full_a, short_a), (full_b, short_b) = _keys(name), _keys(tool)
-    full = difflib.SequenceMatcher(None, full_a, full_b, autojunk=False).ratio()
+    full = similarity(full_a, full_b)
     if (short_a, short_b) == (full_a, full_b):  # neither name has a prefix: the same pair
         return full
-    return max(full, difflib.SequenceMatcher(None, short_a, short_b, autojunk=False).ratio())
+    return max(full, similarity(short_a, short_b))
 
 
 @lru_cache(maxsize=65536)
@@ -98,9 +97,8 @@ def _letters(key: str) -> Counter[str]:
 
 
 def _ratio_may_beat(a: str, b: str, best: float) -> bool:
-    """Whether `SequenceMatcher(None, a, b).ratio()` can be more than `best`: twice the letters the two share, over
-    both lengths, bounds it (difflib's `quick_ratio`), and twice the shorter length over both bounds that
-    (`real_quick_ratio`)."""
+    """Whether `similarity(a, b)` can be more than `best`: twice the letters the two share, over both lengths, bounds
+    it (difflib's `quick_ratio`), and twice the shorter length over both bounds that (`real_quick_ratio`)."""
     if not a or not b:
         return (0.0 if a or b else 1.0) > best
     both = len(a) + len(b)
