@@ -5,6 +5,7 @@ nothing half-written."""
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
 from collections import Counter
@@ -314,9 +315,11 @@ def test_an_interrupted_run_leaves_no_export_and_keeps_the_previous_one(start_co
     with pytest.raises(KeyboardInterrupt):
         mine(engine, out, MineOptions(batch=50), progress=interrupt)
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".ds")]
+    assert gc.isenabled() and gc.get_freeze_count() == 0  # the caller's process gets its cyclic collector back
     (tmp_path / ".ds.partial-killed").mkdir()  # what a run killed outright leaves: the next run clears it
     done = mine(engine, out, MineOptions())
     assert not (tmp_path / ".ds.partial-killed").exists()
+    assert gc.isenabled() and gc.get_freeze_count() == 0
     before = (out / "train.jsonl").read_bytes()
     with pytest.raises(KeyboardInterrupt):
         mine(engine, out, MineOptions(batch=50, seed=1), progress=interrupt)
