@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +57,20 @@ def unit(seed: int, what: str, key: str) -> float:
     return int.from_bytes(digest, "big") / 2**64
 
 
+@lru_cache(maxsize=4096)
+def _normalised_line(line: str) -> str:
+    return " ".join(line.split())
+
+
+def _normalised(content: str) -> str:
+    """`content` with runs of whitespace made one space, a line at a time (the same text): the tool lines of a
+    toolset and the turns that a trace's calls share are normalised once."""
+    return " ".join(filter(None, map(_normalised_line, content.split("\n"))))
+
+
 def prompt_digest(prompt: list[dict[str, str]]) -> str:
     """The row's normalised content: its prompt with runs of whitespace made one space."""
-    text = "\x1e".join(f"{m['role']}\x1f{' '.join(m['content'].split())}" for m in prompt)
+    text = "\x1e".join(f"{m['role']}\x1f{_normalised(m['content'])}" for m in prompt)
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 

@@ -283,6 +283,24 @@ def test_a_call_whose_conversation_runs_to_megabytes_is_exported(start_collector
     assert table.num_rows == 1 and table.column("context")[0].as_py() == row["context"]
 
 
+def test_rows_whose_prompts_differ_only_in_whitespace_are_exported_once(start_collector, sqlite_url: str,
+                                                                         tmp_path: Path) -> None:
+    collector = start_collector(sqlite_url)
+    requests = {"a1": "Weather in Lisbon, please?", "b2": "Weather  in\n  Lisbon,\tplease? ",  # a's, spaced out
+                "c3": "Weather in Porto, please?"}
+    for n, (trace, said) in enumerate(requests.items()):
+        chat = chat_attributes([{"id": "c1", "name": "get_weather", "arguments": {"city": 7}}])  # city: a string
+        chat["gen_ai.input.messages"] = json.dumps([{"role": "user", "parts": [{"type": "text", "content": said}]}])
+        body = export_request([make_span(trace * 16, "cd" * 8, "chat", chat, start_ns=START_NS + n)])
+        assert httpx.post(f"{collector.url}/v1/traces", content=body,
+                          headers={"Content-Type": "application/x-protobuf"}).status_code == 200
+    for workers in ("1", "3"):  # one part, or a1 and b2 in two parts (the merge drops the repeat)
+        card = _mine(sqlite_url, tmp_path / workers, "--eval-share", "0", "--workers", workers)
+        rows = _rows(tmp_path / workers)
+        assert [r["trace_id"] for r in rows] == ["a1" * 16, "c3" * 16]  # b2's prompt is a1's, but for whitespace
+        assert card["duplicates_dropped"] == 1 and "Lisbon, please?" in rows[0]["prompt"][1]["content"]
+
+
 def test_bad_input_gets_one_line_naming_it(start_collector, sqlite_url: str, tmp_path: Path) -> None:
     collector = start_collector(sqlite_url)
     simulate(collector.url, traces=10, seed=1, start_ns=START_NS)
