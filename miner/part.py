@@ -189,12 +189,13 @@ def mine_part(engine: Engine, folder: Path, part: int, trace_range: tuple[str | 
     where = replace(options.where, trace_from=trace_range[0], trace_below=trace_range[1])
     tools = _Tools(engine)
     files = _PartFiles(folder, part)
-    collecting = gc.isenabled()
+    collecting, frozen = gc.isenabled(), gc.get_freeze_count() > 0
     # a batch's calls, readings and conversations are hundreds of thousands of objects, alive until its rows are
     # written, and the caches and sets that outlive it grow batch by batch: the cyclic collector scanned both over and
     # over (a sixth of the CPU). It is paused for the batch and collects once at its end (the cycles a batch leaves,
     # ast.literal_eval's closures among them); what outlives the batch is frozen, left out of later collections (caches
-    # and sets are freed by reference counting), and handed back when the part ends.
+    # and sets are freed by reference counting), and handed back when the part ends. A caller that froze objects of
+    # its own (a server, before it forks) keeps them frozen: nothing is frozen or unfrozen here then.
     gc.disable()
     try:
         for traces in iter_traces(engine, where, options.batch):
@@ -236,9 +237,11 @@ def mine_part(engine: Engine, folder: Path, part: int, trace_range: tuple[str | 
             readings.clear()
             del calls, chosen, contexts
             gc.collect()
-            gc.freeze()
+            if not frozen:
+                gc.freeze()
     finally:
-        gc.unfreeze()
+        if not frozen:
+            gc.unfreeze()
         if collecting:
             gc.enable()
         files.close()

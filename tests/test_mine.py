@@ -338,6 +338,13 @@ def test_an_interrupted_run_leaves_no_export_and_keeps_the_previous_one(start_co
     done = mine(engine, out, MineOptions())
     assert not (tmp_path / ".ds.partial-killed").exists()
     assert gc.isenabled() and gc.get_freeze_count() == 0
+    gc.freeze()  # a caller's own frozen objects (a server's, before it forks) stay frozen
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            mine(engine, tmp_path / "frozen", MineOptions(batch=50), progress=interrupt)
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
     before = (out / "train.jsonl").read_bytes()
     with pytest.raises(KeyboardInterrupt):
         mine(engine, out, MineOptions(batch=50, seed=1), progress=interrupt)
