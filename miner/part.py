@@ -57,15 +57,20 @@ def unit(seed: int, what: str, key: str) -> float:
     return int.from_bytes(digest, "big") / 2**64
 
 
-@lru_cache(maxsize=4096)
-def _normalised_line(line: str) -> str:
+def _squeezed(line: str) -> str:
     return " ".join(line.split())
 
 
+_squeezed_once = lru_cache(maxsize=4096)(_squeezed)
+_CACHED_LINE_CHARS = 2048  # a longer line (a large output, seldom repeated) is not kept: 4,096 x 2 x 2,048 chars
+
+
 def _normalised(content: str) -> str:
-    """`content` with runs of whitespace made one space, a line at a time (the same text): the tool lines of a
-    toolset and the turns that a trace's calls share are normalised once."""
-    return " ".join(filter(None, map(_normalised_line, content.split("\n"))))
+    """`content` with runs of whitespace made one space, as if normalised whole, but a line at a time: the tool lines
+    of a toolset and the turns that a trace's calls share are normalised once."""
+    lines = (_squeezed_once(line) if len(line) <= _CACHED_LINE_CHARS else _squeezed(line)
+             for line in content.split("\n"))
+    return " ".join(filter(None, lines))
 
 
 def prompt_digest(prompt: list[dict[str, str]]) -> str:

@@ -286,8 +286,9 @@ def test_a_call_whose_conversation_runs_to_megabytes_is_exported(start_collector
 def test_rows_whose_prompts_differ_only_in_whitespace_are_exported_once(start_collector, sqlite_url: str,
                                                                          tmp_path: Path) -> None:
     collector = start_collector(sqlite_url)
-    requests = {"a1": "Weather in Lisbon, please?", "b2": "Weather  in\n  Lisbon,\tplease? ",  # a's, spaced out
-                "c3": "Weather in Porto, please?"}
+    report = "Sunny, then rain from the west. " * 100  # a line of 3.2 KB: a long line is normalised too
+    requests = {"a1": "Weather in Lisbon, please?", "b2": "Weather  in\n  Lisbon,\tplease? ",  # a1's, spaced out
+                "c3": f"Weather in Porto? {report}", "d4": f"Weather in Porto?  {report.replace('. ', '.   ')}"}
     for n, (trace, said) in enumerate(requests.items()):
         chat = chat_attributes([{"id": "c1", "name": "get_weather", "arguments": {"city": 7}}])  # city: a string
         chat["gen_ai.input.messages"] = json.dumps([{"role": "user", "parts": [{"type": "text", "content": said}]}])
@@ -297,8 +298,8 @@ def test_rows_whose_prompts_differ_only_in_whitespace_are_exported_once(start_co
     for workers in ("1", "3"):  # one part, or a1 and b2 in two parts (the merge drops the repeat)
         card = _mine(sqlite_url, tmp_path / workers, "--eval-share", "0", "--workers", workers)
         rows = _rows(tmp_path / workers)
-        assert [r["trace_id"] for r in rows] == ["a1" * 16, "c3" * 16]  # b2's prompt is a1's, but for whitespace
-        assert card["duplicates_dropped"] == 1 and "Lisbon, please?" in rows[0]["prompt"][1]["content"]
+        assert [r["trace_id"] for r in rows] == ["a1" * 16, "c3" * 16]  # b2's prompt is a1's but for whitespace
+        assert card["duplicates_dropped"] == 2 and "Lisbon, please?" in rows[0]["prompt"][1]["content"]
 
 
 def test_bad_input_gets_one_line_naming_it(start_collector, sqlite_url: str, tmp_path: Path) -> None:
