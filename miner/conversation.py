@@ -35,7 +35,8 @@ def _messages(value: Any) -> list[Any] | None:
         decoded = decoded["messages"]
     if not isinstance(decoded, list):
         return None
-    return [_decoded(m) if isinstance(m, str) else m for m in decoded if isinstance(m, (Mapping, str))]
+    return [m if type(m) is dict else _decoded(m) if isinstance(m, str) else m  # a dict, nearly always
+            for m in decoded if type(m) is dict or isinstance(m, (Mapping, str))]
 
 
 GENAI_MESSAGES = "gen_ai.input.messages"

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from sqlalchemy import Engine, select
+import xxhash
+from sqlalchemy import Engine, func, select
 
 from tracemill.collector.joins import stored_events
 from tracemill.miner.conversation import GENAI_MESSAGES, event_messages, is_conversation, span_messages
@@ -25,7 +26,7 @@ from tracemill.miner.parquet import RowWriter
 from tracemill.miner.repairs import find_repairs
 from tracemill.miner.rows import build_row, reference_for
 from tracemill.reader import Reading, read
-from tracemill.reviser_prompt import PromptSettings
+from tracemill.reviser_prompt import PromptSettings, ReviserPrompt, build_prompt
 from tracemill.store.payloads import REF_KEY, is_reference
 from tracemill.store.queries import CallFilter, StoredCall, by_span_keys, iter_traces, toolsets
 from tracemill.store.tables import PayloadRow, ReviewRow, SpanRow
@@ -57,26 +58,27 @@ def unit(seed: int, what: str, key: str) -> float:
     return int.from_bytes(digest, "big") / 2**64
 
 
-def _squeezed(line: str) -> str:
-    return " ".join(line.split())
+def _squeezed(text: str) -> str:
+    return " ".join(text.split())
 
 
 _squeezed_once = lru_cache(maxsize=4096)(_squeezed)
-_CACHED_LINE_CHARS = 2048  # a longer line (a large output, seldom repeated) is not kept: 4,096 x 2 x 2,048 chars
+_CACHED_CHARS = 2048  # a longer piece (a large output, seldom repeated) is not kept: 4,096 x 2 x 2,048 chars
 
 
-def _normalised(content: str) -> str:
-    """`content` with runs of whitespace made one space, as if normalised whole, but a line at a time: the tool lines
-    of a toolset and the turns that a trace's calls share are normalised once."""
-    lines = (_squeezed_once(line) if len(line) <= _CACHED_LINE_CHARS else _squeezed(line)
-             for line in content.split("\n"))
-    return " ".join(filter(None, lines))
+def _normalised(pieces: Iterable[str]) -> str:
+    """The pieces joined by newlines, with every run of whitespace made one space, each piece normalised alone: the
+    tool lines of a toolset and the turns that a trace's calls share are normalised once."""
+    return " ".join(filter(None, (_squeezed_once(p) if len(p) <= _CACHED_CHARS else _squeezed(p) for p in pieces)))
 
 
-def prompt_digest(prompt: list[dict[str, str]]) -> str:
-    """The row's normalised content: its prompt with runs of whitespace made one space."""
-    text = "\x1e".join(f"{m['role']}\x1f{_normalised(m['content'])}" for m in prompt)
-    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+def prompt_digest(prompt: ReviserPrompt) -> str:
+    """The row's normalised content: its prompt with runs of whitespace made one space (the last message read from
+    its sections, whose tool lines are the same strings row after row)."""
+    *before, last = prompt.messages
+    pieces = [(m["role"], m["content"].split("\n")) for m in before] + [(last["role"], prompt.sections)]
+    text = "\x1e".join(f"{role}\x1f{_normalised(lines)}" for role, lines in pieces)
+    return xxhash.xxh3_128_hexdigest(text.encode())
 
 
 def part_files(folder: Path, part: int, split: str) -> tuple[Path, Path]:
@@ -96,16 +98,15 @@ class _PartFiles:
             self.files[split] = (open(lines, "wb", buffering=1 << 20), open(meta, "wb"),
                                  RowWriter(lines.with_suffix(".parquet")))
 
-    def write(self, split: str, row: dict[str, Any]) -> bool:
-        """Whether the row was written (False: a duplicate)."""
-        key = prompt_digest(row["prompt"])
+    def write(self, split: str, row: dict[str, Any], key: str) -> bool:
+        """Whether the row was written (False: a duplicate; `key`: its prompt's digest)."""
         if key in self.seen[split]:
             return False
         self.seen[split].add(key)
         lines, meta, parquet = self.files[split]
         line = orjson.dumps(row) + b"\n"
         lines.write(line)
-        meta.write(orjson.dumps([key, hashlib.blake2b(line, digest_size=16).hexdigest(), len(line),
+        meta.write(orjson.dumps([key, xxhash.xxh3_128_hexdigest(line), len(line),
                                  row["failure_class"], row["provenance"], row["model"], row["harness_version"]]) + b"\n")
         parquet.add(row, len(line))
         return True
@@ -149,27 +150,32 @@ def _contexts(engine: Engine, calls: list[StoredCall]) -> dict[tuple[str, str], 
     with engine.connect() as conn:
         for start in range(0, len(keys), 500):
             chunk = keys[start:start + 500]
-            # only the GenAI conversation, extracted by the database as the text it was sent as (decoding whole
-            # attributes, or having the database quote the text as JSON and decoding that, costs more)
-            rows = by_span_keys(conn, select(SpanRow.trace_id, SpanRow.span_id,
-                                          SpanRow.attributes[GENAI_MESSAGES].as_string().label("messages")), chunk)
+            rows = by_span_keys(conn, _GENAI_CONVERSATION, chunk)
             spans = {(r.trace_id, r.span_id): {GENAI_MESSAGES: _json_or_text(r.messages)} for r in rows
                      if r.messages is not None}
             others = set(chunk) - set(spans)
             if others:  # another convention: read the span's attributes
                 rows = by_span_keys(conn, select(SpanRow.trace_id, SpanRow.span_id, SpanRow.attributes), sorted(others))
-                spans.update({(r.trace_id, r.span_id): {k: v for k, v in (r.attributes or {}).items()
-                                                        if is_conversation(k)} for r in rows})
-            digests = {v[REF_KEY] for a in spans.values() for v in a.values() if is_reference(v)}
-            bodies = dict(conn.execute(select(PayloadRow.digest, PayloadRow.body)
-                                       .where(PayloadRow.digest.in_(digests))).all()) if digests else {}
-            for key, attributes in spans.items():
-                found[key] = span_messages({k: bodies.get(v[REF_KEY]) if is_reference(v) else v
-                                            for k, v in attributes.items()})
+                attributes = {(r.trace_id, r.span_id): {k: v for k, v in (r.attributes or {}).items()
+                                                        if is_conversation(k)} for r in rows}
+                digests = {v[REF_KEY] for a in attributes.values() for v in a.values() if is_reference(v)}
+                bodies = dict(conn.execute(select(PayloadRow.digest, PayloadRow.body)
+                                           .where(PayloadRow.digest.in_(digests))).all()) if digests else {}
+                spans.update((key, {k: bodies.get(v[REF_KEY]) if is_reference(v) else v for k, v in a.items()})
+                             for key, a in attributes.items())
+            for key, conversation in spans.items():
+                found[key] = span_messages(conversation)
             unsaid = {key for key in chunk if not found.get(key)}
             if unsaid:  # the messages may have come as the span's log events
                 found.update((key, event_messages(said)) for key, said in stored_events(conn, unsaid).items())
     return found
+
+
+# The GenAI conversation, extracted by the database as the text it was sent as, the stored-once text in its place
+# (decoding whole attributes, or having the database quote the text as JSON and decoding that, costs more)
+_GENAI_CONVERSATION = select(SpanRow.trace_id, SpanRow.span_id, func.coalesce(
+    select(PayloadRow.body).where(PayloadRow.digest == SpanRow.attributes[(GENAI_MESSAGES, REF_KEY)].as_string())
+    .scalar_subquery(), SpanRow.attributes[GENAI_MESSAGES].as_string()).label("messages"))
 
 
 def _reviews(engine: Engine, ids: list[int]) -> dict[int, Any]:
@@ -234,8 +240,8 @@ def mine_part(engine: Engine, folder: Path, part: int, trace_range: tuple[str | 
                 index = indexes[call.toolset_id]  # type: ignore[index]
                 read_as = reading(call)
                 reference = reference_for(call, index, context, reviews.get(call.id), repair, read_as)
-                row = build_row(call, index, context, options.prompt, reference, read_as)
-                if not files.write(split, row):
+                prompt = build_prompt(call.raw, index, context, options.prompt, reading=read_as)
+                if not files.write(split, build_row(call, prompt, context, reference), prompt_digest(prompt)):
                     result.stats["duplicates_dropped"] += 1
             if progress is not None:
                 progress(len(calls))

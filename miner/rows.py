@@ -19,7 +19,7 @@ import orjson
 from tracemill.miner.failures import failure_key
 from tracemill.reader import Reading
 from tracemill.repair import revise
-from tracemill.reviser_prompt import PromptSettings, build_prompt
+from tracemill.reviser_prompt import ReviserPrompt
 from tracemill.store.queries import StoredCall
 from tracemill.tools import Tool
 from tracemill.verify import ToolCall, parse_call
@@ -64,9 +64,9 @@ def reference_for(call: StoredCall, index: Mapping[str, Tool], context: Sequence
     return None
 
 
-def build_row(call: StoredCall, index: Mapping[str, Tool], context: Sequence[Any], settings: PromptSettings,
-              reference: Reference | None, reading: Reading | None = None) -> dict[str, Any]:
-    prompt = build_prompt(call.raw, index, list(context), settings, reading=reading)
+def build_row(call: StoredCall, prompt: ReviserPrompt, context: Sequence[Any],
+              reference: Reference | None) -> dict[str, Any]:
+    """`prompt`: `build_prompt`'s for the call, with the settings the export records."""
     key = failure_key(call.name, call.stage, call.violations, call.execution_status, call.execution_error)
     return {
         "id": str(call.id),

@@ -20,6 +20,7 @@ import heapq
 import operator
 import re
 from collections import Counter
+from itertools import chain
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -62,6 +63,7 @@ class PromptSettings:
 class ReviserPrompt:
     messages: tuple[dict[str, str], ...]  # {"role", "content"}, as chat templates and TRL's conversational data take
     tools: tuple[Tool, ...]  # the tools the prompt shows
+    sections: tuple[str, ...]  # the last message's content, a line (or a turn, or the output) each, before joining
 
     def to_list(self) -> list[dict[str, str]]:
         return [dict(m) for m in self.messages]
@@ -136,7 +138,7 @@ def _request_words(request: str) -> frozenset[str]:
     return frozenset(_words(request))  # a conversation's request comes back with each of its calls
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # hashed by identity: a key of the rankings made against it
 class _Catalog:
     """What prompts need of one tool index, worked out once however many outputs are read against it."""
 
@@ -191,26 +193,31 @@ def _nearest(raw: str, index: Mapping[str, Tool], catalog: _Catalog, request: st
             chosen[hit] = catalog.offered.index(hit)
     need = k - len(chosen)
     if need > 0:
-        shared = [0] * len(catalog.tools)
-        for word in (_words(raw) | _request_words(request)) & catalog.vocabulary:
-            for position in catalog.by_word[word]:
-                shared[position] += 1
-        by_names = _name_scores(tuple(names), catalog.offered)
-        scored = [(-(score + 0.5 * (common / size if size else 0.0)), name, position)  # the best first, ties by name
-                  for position, (name, score, common, size)
-                  in enumerate(zip(catalog.names, by_names, shared, catalog.sizes, strict=True))
-                  if name not in chosen]
-        for _, name, position in heapq.nsmallest(need, scored) if need < len(scored) else sorted(scored):
-            chosen[name] = position
+        words = catalog.vocabulary.intersection(_words(raw) | _request_words(request))
+        chosen.update(_closest(catalog, tuple(names), words, frozenset(chosen), need))
     return [(position, catalog.tools[position]) for position in chosen.values()]
+
+
+@lru_cache(maxsize=16384)
+def _closest(catalog: _Catalog, names: tuple[str, ...], words: frozenset[str], taken: frozenset[str],
+             need: int) -> tuple[tuple[str, int], ...]:
+    """The `need` tools not `taken` closest to the names an output gives and to the words of the output and the
+    request that the catalog knows, as (name, position), the closest first (outputs that name the same tools with
+    the same words are ranked once)."""
+    shared = Counter(chain.from_iterable(map(catalog.by_word.__getitem__, words)))
+    by_names = _name_scores(names, catalog.offered)
+    scored = [(-(score + 0.5 * (shared[position] / size if size else 0.0)), name, position)  # ties by name
+              for position, (name, score, size) in enumerate(zip(catalog.names, by_names, catalog.sizes, strict=True))
+              if name not in taken]
+    best = heapq.nsmallest(need, scored) if need < len(scored) else sorted(scored)
+    return tuple((name, position) for _, name, position in best)
 
 
 def _text(value: Any) -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, list):
-        pieces = [_part_text(p) for p in value]
-        return " ".join(p for p in pieces if p)
+        return " ".join(filter(None, map(_part_text, value)))
     if value is None:
         return ""
     return orjson.dumps(value, default=str).decode()
@@ -219,7 +226,7 @@ def _text(value: Any) -> str:
 def _part_text(part: Any) -> str:
     if isinstance(part, str):
         return part
-    if not isinstance(part, Mapping):
+    if type(part) is not dict and not isinstance(part, Mapping):  # a dict, nearly always: no ABC check
         return ""
     kind = part.get("type")
     if kind == "tool_call":
@@ -238,7 +245,7 @@ def message_text(message: Any) -> tuple[str, str]:
     """(role, text) of one conversation message: OpenAI chat, GenAI (`parts`) or LangChain shaped, or a string."""
     if isinstance(message, str):
         return "user", message
-    if not isinstance(message, Mapping):
+    if type(message) is not dict and not isinstance(message, Mapping):
         return "user", _text(message)
     role = str(message.get("role") or message.get("type") or "user")
     pieces = [_text(message.get("parts") if "parts" in message else message.get("content"))]
@@ -331,4 +338,4 @@ def build_prompt(raw: str, index: Mapping[str, Tool], context: Sequence[Any] | N
     sections += ["<output>", raw, "</output>"]
     user = {"role": "user", "content": "\n".join(sections)}
     messages = ({"role": "system", "content": SYSTEM}, user) if settings.system else (user,)
-    return ReviserPrompt(messages, tuple(t for _, t in nearest))
+    return ReviserPrompt(messages, tuple(t for _, t in nearest), tuple(sections))
