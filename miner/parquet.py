@@ -51,11 +51,15 @@ class _Groups:
 
 
 def _writer(path: Path) -> pq.ParquetWriter:
-    # statistics only for the short columns: min and max of a prompt column are whole prompts, kept per row group
-    return pq.ParquetWriter(path, SCHEMA, compression="zstd", write_statistics=list(_STATISTICS))
+    # statistics only for the short columns: min and max of a prompt column are whole prompts, kept per row group;
+    # dictionaries only for the columns whose values repeat (each distinct prompt would be hashed into one in vain)
+    return pq.ParquetWriter(path, SCHEMA, compression="zstd", write_statistics=list(_STATISTICS),
+                            use_dictionary=list(_REPEATED))
 
 
 _STATISTICS = ("valid", "failure_class", "provenance", "stage", "model", "harness_version", "domain", "call_id")
+_REPEATED = ("tools", "provenance", "valid", "failure_class", "stage", "violations", "model", "harness_version",
+             "domain")
 
 
 class RowWriter:
