@@ -20,7 +20,6 @@ import heapq
 import operator
 import re
 from collections import Counter
-from itertools import chain
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -146,9 +145,13 @@ class _Catalog:
     offered: tuple[str, ...]  # the index's keys
     names: tuple[str, ...]  # each tool's own name
     sizes: tuple[int, ...]  # how many words each tool's name and description hold
-    by_word: dict[str, tuple[int, ...]]  # a word -> the positions of the tools whose name or description holds it
-    vocabulary: frozenset[str]  # the words of by_word
+    bits: dict[str, int]  # each of those words -> a bit of its own
+    masks: tuple[int, ...]  # each tool's words, as the OR of their bits
     lines: dict[tuple[PromptSettings, int], str]  # a tool's line in the prompt, by settings and position
+
+    def mask(self, words: set[str]) -> int:
+        """The words the catalog knows, as one int of their bits."""
+        return sum(map(self.bits.__getitem__, self.bits.keys() & words))
 
 
 _CATALOGS: dict[int, _Catalog] = {}  # by id(index): a hit holds the very same Tool objects, or it is made anew
@@ -160,15 +163,12 @@ def _catalog(index: Mapping[str, Tool]) -> _Catalog:
     if found is not None and len(found.tools) == len(tools) and all(map(operator.is_, found.tools, tools)):
         return found
     about = [frozenset(_words(f"{t.name} {t.description}")) for t in tools]
-    by_word: dict[str, list[int]] = {}
-    for position, words in enumerate(about):
-        for word in words:
-            by_word.setdefault(word, []).append(position)
+    bits = {word: 1 << n for n, word in enumerate(sorted(frozenset().union(*about)))}
     if len(_CATALOGS) >= 1024:
         _CATALOGS.clear()
     found = _CATALOGS[id(index)] = _Catalog(tools, tuple(index), tuple(t.name for t in tools),
-                                            tuple(len(a) for a in about),
-                                            {w: tuple(p) for w, p in by_word.items()}, frozenset(by_word), {})
+                                            tuple(len(a) for a in about), bits,
+                                            tuple(sum(map(bits.__getitem__, a)) for a in about), {})
     return found
 
 
@@ -193,21 +193,21 @@ def _nearest(raw: str, index: Mapping[str, Tool], catalog: _Catalog, request: st
             chosen[hit] = catalog.offered.index(hit)
     need = k - len(chosen)
     if need > 0:
-        words = catalog.vocabulary.intersection(_words(raw) | _request_words(request))
-        chosen.update(_closest(catalog, tuple(names), words, frozenset(chosen), need))
+        said = catalog.mask(_words(raw) | _request_words(request))
+        chosen.update(_closest(catalog, tuple(names), said, tuple(chosen), need))
     return [(position, catalog.tools[position]) for position in chosen.values()]
 
 
 @lru_cache(maxsize=16384)
-def _closest(catalog: _Catalog, names: tuple[str, ...], words: frozenset[str], taken: frozenset[str],
+def _closest(catalog: _Catalog, names: tuple[str, ...], said: int, taken: tuple[str, ...],
              need: int) -> tuple[tuple[str, int], ...]:
     """The `need` tools not `taken` closest to the names an output gives and to the words of the output and the
-    request that the catalog knows, as (name, position), the closest first (outputs that name the same tools with
-    the same words are ranked once)."""
-    shared = Counter(chain.from_iterable(map(catalog.by_word.__getitem__, words)))
+    request that the catalog knows (`said`, `_Catalog.mask`), as (name, position), the closest first (outputs that
+    name the same tools with the same words are ranked once)."""
     by_names = _name_scores(names, catalog.offered)
-    scored = [(-(score + 0.5 * (shared[position] / size if size else 0.0)), name, position)  # ties by name
-              for position, (name, score, size) in enumerate(zip(catalog.names, by_names, catalog.sizes, strict=True))
+    scored = [(-(score + 0.5 * ((said & mask).bit_count() / size if size else 0.0)), name, position)  # ties by name
+              for position, (name, score, mask, size)
+              in enumerate(zip(catalog.names, by_names, catalog.masks, catalog.sizes, strict=True))
               if name not in taken]
     best = heapq.nsmallest(need, scored) if need < len(scored) else sorted(scored)
     return tuple((name, position) for _, name, position in best)
