@@ -237,7 +237,9 @@ def _copy_lines(work: Path, split: str, kept: list[list[bool]], lengths: list[li
     whole = bool(kept) and all(kept[0])  # the first part keeps every line: it becomes the file
     if whole:
         os.replace(part_files(work, 0, split)[0], path)
-    with open(path, "ab" if whole else "wb") as out:
+    # not opened to append: copy_file_range refuses a file opened with O_APPEND (EBADF)
+    with open(path, "r+b" if whole else "wb") as out:
+        out.seek(0, os.SEEK_END)
         for part in range(1 if whole else 0, len(kept)):
             mask, sizes = kept[part], lengths[part]
             with open(part_files(work, part, split)[0], "rb") as source:
@@ -264,9 +266,14 @@ def _copy_range(source: Any, out: Any, offset: int, length: int) -> None:
     while length > 0:
         try:
             done = os.copy_file_range(source.fileno(), out.fileno(), length, offset)
-        except (AttributeError, OSError):  # no copy_file_range here: copy through Python
+        except (AttributeError, OSError):  # no copy_file_range here: copy through Python, a megabyte at a time
             source.seek(offset)
-            out.write(source.read(length))
+            while length > 0:
+                chunk = source.read(min(length, 1 << 20))
+                if not chunk:
+                    raise OSError(f"{source.name}: short read at byte {offset}") from None
+                out.write(chunk)
+                length -= len(chunk)
             return
         if done == 0:
             raise OSError(f"{source.name}: short read at byte {offset}")

@@ -354,3 +354,27 @@ def test_an_interrupted_run_leaves_no_export_and_keeps_the_previous_one(start_co
     with engine.connect() as conn:
         assert conn.execute(select(DatasetRow.id)).scalars().all() == [done.dataset_id]
     engine.dispose()
+
+
+def test_the_merge_copies_part_files_without_holding_them_in_memory(tmp_path: Path) -> None:
+    """A split's first part, kept whole, becomes the file and the next parts are appended to it by the kernel: a
+    part of a million-call export is gigabytes, which a copy through Python held whole (copy_file_range refuses a file
+    opened to append, and the fallback read each kept range at once)."""
+    import tracemalloc
+
+    from tracemill.miner.export import _copy_lines
+    from tracemill.miner.part import part_files
+
+    lines = [[(b'{"part": %d, "row": %d, "pad": "%s"}\n' % (p, n, b"x" * 900)) for n in range(30_000)] for p in range(2)]
+    for part, rows in enumerate(lines):
+        part_files(tmp_path, part, "train")[0].write_bytes(b"".join(rows))
+    kept = [[True] * 30_000, [n != 7 for n in range(30_000)]]  # the second part repeats a row of the first
+    tracemalloc.start()
+    try:
+        _copy_lines(tmp_path, "train", kept, [[len(r) for r in rows] for rows in lines])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert (tmp_path / "train.jsonl").read_bytes() == b"".join(
+        [*lines[0], *(r for r, keep in zip(lines[1], kept[1], strict=True) if keep)])
+    assert peak < 4 << 20  # the parts hold 55 MB
