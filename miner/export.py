@@ -1,13 +1,14 @@
 """`tracemill mine`: failed calls (and a share of valid ones) as RL prompt rows, split by trace, deduplicated, written
 as JSON Lines and Parquet with a card, and recorded in `datasets`.
 
-The store is read trace by trace (`queries.iter_traces`, pages of whole traces), so that an agent's repair is found
-beside the call it repaired and memory stays flat however large the store. Everything the export holds follows from
-the store and the options: rows come in trace order, valid calls are sampled by a hash of their id, traces go to eval
-by a hash of their id (or, with `eval_after`, by when they began), and of two rows with the same prompt only the first
-is kept. The export is written to a hidden folder beside `out` and renamed into place at the end: a run stopped
-half-way leaves no export, and an earlier export at `out` stays whole until the new one replaces it (a run killed
-outright leaves its hidden folder, which the next run to the same `out` removes).
+The store is read in the order it holds the calls and given trace by trace (`queries.iter_traces`: whole traces, in the
+order their last call was stored), so that an agent's repair is found beside the call it repaired, memory stays flat
+however large the store, and a store larger than memory is read along its files. Everything the export holds follows
+from the store and the options: rows come trace by trace in that order, valid calls are sampled by a hash of their id,
+traces go to eval by a hash of their id (or, with `eval_after`, by when they began), and of two rows with the same
+prompt only the first is kept. The export is written to a hidden folder beside `out` and renamed into place at the
+end: a run stopped half-way leaves no export, and an earlier export at `out` stays whole until the new one replaces
+it (a run killed outright leaves its hidden folder, which the next run to the same `out` removes).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from sqlalchemy import Engine, and_, bindparam, insert, select, update
+from sqlalchemy import Engine, and_, bindparam, func, insert, select, update
 
 from tracemill.miner.parquet import merge_parquet
 from tracemill.miner.part import SPLITS, PartOptions, PartResult, init_worker, mine_part, part_files, run_part
@@ -51,8 +52,8 @@ class MineOptions:
     valid_share: float = 0.2  # of the rows: valid calls, labelled as such
     seed: int = 0
     prompt: PromptSettings = PromptSettings()
-    batch: int = 5000
-    workers: int = 1  # processes, each mining a range of trace ids; the export is the same for any number
+    batch: int = 2000  # calls read at a time (a worker's memory grows with a batch's conversations and readings)
+    workers: int = 1  # processes, each mining the traces ending in a range of ids; the same export for any number
 
 
 @dataclass(slots=True)
@@ -142,15 +143,23 @@ def _replace(work: Path, out: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _ranges(workers: int) -> list[tuple[str | None, str | None]]:
-    """Trace-id ranges, one per worker, in order (ids are lowercase hex)."""
-    bounds = [None, *(format(i * 0x10000 // workers, "04x") for i in range(1, workers)), None]
+def _ranges(engine: Engine, where: CallFilter, workers: int) -> list[tuple[int | None, int | None]]:
+    """Ranges of call ids, one per worker, in order: a worker gives the traces whose last call's id falls in its
+    range (`queries.iter_traces`' `ends`), so that the parts, one after another, hold the traces in the order one
+    reader gives them."""
+    if workers == 1:
+        return [(None, None)]
+    with engine.connect() as conn:
+        low, high = conn.execute(where.apply(select(func.min(ToolCallRow.id), func.max(ToolCallRow.id)))).one()
+    if low is None:
+        return [(None, None)]
+    bounds = [None, *(low + (high + 1 - low) * n // workers for n in range(1, workers)), None]
     return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
 def _run_parts(engine: Engine, work: Path, options: PartOptions, workers: int,
                progress: Callable[[int], None] | None) -> list[PartResult]:
-    ranges = _ranges(workers)
+    ranges = _ranges(engine, options.where, workers)
     if workers == 1:
         return [mine_part(engine, work, 0, ranges[0], options, progress)]
     import multiprocessing

@@ -1,8 +1,9 @@
-"""One share of a `tracemill mine` run: the traces whose ids fall in a range, read trace by trace, turned into rows
-and written to part files (`part-K-SPLIT.jsonl`, its Parquet, and a `.meta` line per row: its prompt digest, a hash
-and the length of its line, and the values the card counts). Of two rows of a split with the same prompt, a part keeps
-only the first; `tracemill.miner.export` runs the shares in worker processes and merges their files in trace order,
-dropping what repeats a row of an earlier part or split, so that any number of workers writes the same export."""
+"""One share of a `tracemill mine` run: the traces whose last call's id falls in a range, read trace by trace, turned
+into rows and written to part files (`part-K-SPLIT.jsonl`, its Parquet, and a `.meta` line per row: its prompt
+digest, a hash and the length of its line, and the values the card counts). Of two rows of a split with the same
+prompt, a part keeps only the first; `tracemill.miner.export` runs the shares in worker processes and merges their
+files in order, dropping what repeats a row of an earlier part or split, so that any number of workers writes the
+same export."""
 
 from __future__ import annotations
 
@@ -145,7 +146,7 @@ def _json_or_text(text: str) -> Any:
 def _contexts(engine: Engine, calls: list[StoredCall]) -> dict[tuple[str, str], list[Any]]:
     """The conversation of each call's span (`miner.conversation`); of the values stored once, only the conversations
     are read."""
-    keys = sorted({(c.trace_id, c.span_id) for c in calls})
+    keys = list(dict.fromkeys((c.trace_id, c.span_id) for c in sorted(calls, key=_stored)))  # the order stored
     found: dict[tuple[str, str], list[Any]] = {}
     with engine.connect() as conn:
         for start in range(0, len(keys), 500):
@@ -178,6 +179,10 @@ _GENAI_CONVERSATION = select(SpanRow.trace_id, SpanRow.span_id, func.coalesce(
     .scalar_subquery(), SpanRow.attributes[GENAI_MESSAGES].as_string()).label("messages"))
 
 
+def _stored(call: StoredCall) -> int:
+    return call.id
+
+
 def _reviews(engine: Engine, ids: list[int]) -> dict[int, Any]:
     if not ids:
         return {}
@@ -194,10 +199,9 @@ def _in_eval(trace: list[StoredCall], options: PartOptions) -> bool:
     return unit(options.seed, "split", trace[0].trace_id) < options.eval_share
 
 
-def mine_part(engine: Engine, folder: Path, part: int, trace_range: tuple[str | None, str | None],
+def mine_part(engine: Engine, folder: Path, part: int, ends: tuple[int | None, int | None],
               options: PartOptions, progress: Callable[[int], None] | None = None) -> PartResult:
     result = PartResult()
-    where = replace(options.where, trace_from=trace_range[0], trace_below=trace_range[1])
     tools = _Tools(engine)
     files = _PartFiles(folder, part)
     collecting, frozen = gc.isenabled(), gc.get_freeze_count() > 0
@@ -209,7 +213,7 @@ def mine_part(engine: Engine, folder: Path, part: int, trace_range: tuple[str | 
     # its own (a server, before it forks) keeps them frozen: nothing is frozen or unfrozen here then.
     gc.disable()
     try:
-        for traces in iter_traces(engine, where, options.batch):
+        for traces in iter_traces(engine, options.where, options.batch, ends):
             calls = [c for trace in traces for c in trace]
             result.stats["calls_read"] += len(calls)
             indexes = tools.for_calls(calls)
@@ -277,6 +281,6 @@ def _count(n: int) -> None:
         _counter.value += n
 
 
-def run_part(folder: Path, part: int, trace_range: tuple[str | None, str | None], options: PartOptions) -> PartResult:
+def run_part(folder: Path, part: int, ends: tuple[int | None, int | None], options: PartOptions) -> PartResult:
     assert _engine is not None, "init_worker first"
-    return mine_part(_engine, folder, part, trace_range, options, _count)
+    return mine_part(_engine, folder, part, ends, options, _count)

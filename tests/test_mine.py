@@ -365,7 +365,8 @@ def test_the_merge_copies_part_files_without_holding_them_in_memory(tmp_path: Pa
     from tracemill.miner.export import _copy_lines
     from tracemill.miner.part import part_files
 
-    lines = [[(b'{"part": %d, "row": %d, "pad": "%s"}\n' % (p, n, b"x" * 900)) for n in range(30_000)] for p in range(2)]
+    pad = b"x" * 900
+    lines = [[b'{"part": %d, "row": %d, "pad": "%s"}\n' % (p, n, pad) for n in range(30_000)] for p in range(2)]
     for part, rows in enumerate(lines):
         part_files(tmp_path, part, "train")[0].write_bytes(b"".join(rows))
     kept = [[True] * 30_000, [n != 7 for n in range(30_000)]]  # the second part repeats a row of the first

@@ -5,6 +5,7 @@ place, and a filter value no call has is said, not read as "nothing there"."""
 from __future__ import annotations
 
 import json
+import random
 import re
 
 import pytest
@@ -72,6 +73,56 @@ def test_filters_batches_and_traces(db_url: str) -> None:
     assert [len(b) for b in batches] == [4, 4, 1]
     streamed = [c.id for b in batches for c in b]
     assert len(set(streamed)) == 9 and streamed == sorted(streamed)
+    engine.dispose()
+
+
+def _interleaved_store(db_url: str):  # type: ignore[no-untyped-def]
+    """40 agent runs stored as a collector stores them: a span at a time, the runs' spans interleaved (a run's turns
+    come seconds apart, other runs' in between), 1 to 5 turns a run, 1 to 3 calls a turn, on two models."""
+    engine = make_engine(db_url)
+    upgrade(engine)
+    writer = SpanWriter(engine.dialect)
+    rng = random.Random(5)
+    turns = [(run, turn) for run in range(40) for turn in range(rng.randint(1, 5))]
+    rng.shuffle(turns)
+    turns.sort(key=lambda t: t[1] + rng.random() * 3)  # a run's turns in order, runs overlapping
+    for run, turn in turns:
+        calls = [{"id": f"r{run}t{turn}c{n}", "name": "get_weather", "arguments": {"city": rng.choice(["Oslo", 7])}}
+                 for n in range(rng.randint(1, 3))]
+        span = make_span(f"{run + 1:032x}", f"{run + 1:08x}{turn + 1:08x}", "chat",
+                         chat_attributes(calls, model="qwen3" if run % 3 else "llama3.1-8b"),
+                         start_ns=1_700_000_000_000_000_000 + turn * 10**9 + run)
+        batch = writer.prepare(decode_protobuf(export_request([span]), Limits(1 << 20)).spans)
+        with engine.begin() as conn:
+            writer.write(conn, batch)
+        writer.committed()
+    return engine
+
+
+def test_traces_come_whole_in_the_order_their_last_call_was_stored(db_url: str) -> None:
+    engine = _interleaved_store(db_url)
+    with engine.connect() as conn:
+        stored = queries.calls(conn)
+    rng = random.Random(11)
+    for where in (queries.CallFilter(), queries.CallFilter(model="qwen3", failed=True),
+                  queries.CallFilter(after_id=stored[len(stored) // 3].id)):
+        with engine.connect() as conn:
+            selected = queries.calls(conn, where)
+        by_trace: dict[str, list[int]] = {}
+        for c in selected:
+            by_trace.setdefault(c.trace_id, []).append(c.id)
+        want = sorted(by_trace, key=lambda t: max(by_trace[t]))  # each trace once, by its last call
+        for batch in (1, 2, 5, 17, 1000):
+            one = [t for b in queries.iter_traces(engine, where, batch) for t in b]
+            assert [t[0].trace_id for t in one] == want
+            assert [sorted(c.id for c in t) for t in one] == [by_trace[t] for t in want]
+            assert all([(c.start_time_ns, c.call_index) for c in t] == sorted((c.start_time_ns, c.call_index)
+                                                                              for c in t) for t in one)
+            # readers sharing the store by id ranges give, one after another, what one reader gives
+            cuts = sorted(rng.sample(range(stored[0].id, stored[-1].id + 2), 3))
+            ranges = list(zip([None, *cuts], [*cuts, None], strict=True))
+            shared = [t for ends in ranges for b in queries.iter_traces(engine, where, batch, ends) for t in b]
+            assert [[c.id for c in t] for t in shared] == [[c.id for c in t] for t in one]
     engine.dispose()
 
 

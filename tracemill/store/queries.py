@@ -10,8 +10,8 @@ from datetime import datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import (ColumnElement, Connection, Engine, Select, String, and_, bindparam, func, or_, select, text,
-                        tuple_)
+from sqlalchemy import (ColumnElement, Connection, Engine, Select, String, and_, bindparam, func, or_, select,
+                        text)
 from sqlalchemy.exc import OperationalError
 
 from tracemill.spans import SpanRecord
@@ -41,8 +41,6 @@ class CallFilter:
     trace_id: str | None = None
     failed: bool | None = None  # True: a verifier stage failed or the execution failed; False: neither
     stage: str | None = None  # a verifier stage (parse, tool_name, schema), `execution` (ran and failed) or `ok`
-    trace_from: str | None = None  # trace ids at or after this one (a share of the traces, for parallel readers)
-    trace_below: str | None = None  # trace ids before this one
 
     def conditions(self) -> list[ColumnElement[bool]]:
         found: list[ColumnElement[bool]] = []
@@ -51,9 +49,7 @@ class CallFilter:
                                  (self.model, lambda v: C.model == v),
                                  (self.harness_version, lambda v: C.harness_version == v),
                                  (self.domain, lambda v: C.domain == v), (self.tool, lambda v: C.name == v),
-                                 (self.trace_id, lambda v: C.trace_id == v),
-                                 (self.trace_from, lambda v: C.trace_id >= v),
-                                 (self.trace_below, lambda v: C.trace_id < v)):
+                                 (self.trace_id, lambda v: C.trace_id == v)):
             if value is not None:
                 found.append(condition(value))
         if self.failed is not None:
@@ -157,35 +153,70 @@ def iter_calls(engine: Engine, f: CallFilter = CallFilter(), batch: int = 5000) 
         last = page[-1].id
 
 
-def iter_traces(engine: Engine, f: CallFilter = CallFilter(), batch: int = 5000) -> Iterator[list[list[StoredCall]]]:
-    """The calls `f` selects, trace by trace: each item a batch of whole traces, each trace's calls in the order they
-    were made. Read in pages of about `batch` calls keyed on the unique (trace, span, index) key, each page its own
-    short transaction; a trace cut by a page's end is completed from the next."""
-    key = (C.trace_id, C.span_id, C.call_index)
-    last: tuple[str, str, int] | None = None
-    carry: list[StoredCall] = []
+def iter_traces(engine: Engine, f: CallFilter = CallFilter(), batch: int = 5000,
+                ends: tuple[int | None, int | None] = (None, None)) -> Iterator[list[list[StoredCall]]]:
+    """The calls `f` selects, whole traces at a time (each trace's calls in the order they were made), the traces in
+    the order their last call was stored. Calls are read in id order, the order the store holds them (on a store
+    larger than memory, reads that follow its files instead of jumping about them), in pages of `batch` calls, each
+    page its own short transaction; a trace is given once the page holding its last call has been read, about `batch`
+    calls at a time. `ends` = (start, stop): only the traces whose last call's id is in [start, stop), so that readers
+    can share a store by ranges of ids; a trace's calls stored before `start` are looked up by its id."""
+    start, stop = ends
+    first_read = _highest(f.after_id, None if start is None else start - 1)  # pages hold ids after this one
+    cursor, upper = first_read, _lowest(f.up_to_id, None if stop is None else stop - 1)
+    spans: dict[str, tuple[int, int]] = {}  # trace -> its first and last call's ids, for the traces seen and open
+    reading: dict[str, list[StoredCall]] = {}  # the calls read so far of the traces this reader gives
+    done: list[tuple[int, list[StoredCall]]] = []
     while True:
-        statement = f.apply(select(*_CALL_COLUMNS)).order_by(*key).limit(batch)
-        if last is not None:
-            statement = statement.where(tuple_(*key) > tuple_(*last))
         with engine.connect() as conn:
-            page = [StoredCall(*row) for row in conn.execute(statement)]
-        done = len(page) < batch
-        found = carry + page
-        carry = [] if done or not found else [c for c in found if c.trace_id == found[-1].trace_id]
-        whole = found if done else [c for c in found if c.trace_id != found[-1].trace_id]
-        if whole:
-            yield _by_trace(whole)
-        if done:
+            page = calls(conn, CallFilter(**{**_as_kwargs(f), "after_id": cursor, "up_to_id": upper}), batch)
+            seen = sorted({c.trace_id for c in page} - spans.keys())
+            if seen:
+                spans.update(_trace_spans(conn, f, seen))
+            mine = [t for t in seen if _ends_in(spans[t][1], start, stop)]
+            begun = [t for t in mine if first_read is not None and spans[t][0] <= first_read]
+            if begun:  # traces this reader gives that began before its first page
+                for call in conn.execute(f.apply(select(*_CALL_COLUMNS)).where(C.trace_id.in_(begun),
+                                                                               C.id <= first_read).order_by(C.id)):
+                    reading.setdefault(call.trace_id, []).append(StoredCall(*call))
+        for t in mine:
+            reading.setdefault(t, [])
+        for call in page:
+            if call.trace_id in reading:
+                reading[call.trace_id].append(call)
+        last_page = len(page) < batch
+        if page:
+            cursor = page[-1].id
+        for t in [t for t in reading if last_page or spans[t][1] <= cursor]:
+            done.append((spans.pop(t)[1], reading.pop(t)))
+        if done and (last_page or sum(len(c) for _, c in done) >= batch):
+            done.sort(key=lambda item: item[0])
+            yield [sorted(c, key=_made) for _, c in done]
+            done = []
+        if last_page:
             return
-        last = (page[-1].trace_id, page[-1].span_id, page[-1].call_index)
 
 
-def _by_trace(found: list[StoredCall]) -> list[list[StoredCall]]:
-    traces: dict[str, list[StoredCall]] = {}
-    for c in found:
-        traces.setdefault(c.trace_id, []).append(c)
-    return [sorted(t, key=lambda c: (c.start_time_ns, c.call_index, c.id)) for t in traces.values()]
+def _made(c: StoredCall) -> tuple[int, int, int]:
+    return c.start_time_ns, c.call_index, c.id
+
+
+def _highest(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+def _lowest(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _ends_in(last: int, start: int | None, stop: int | None) -> bool:
+    return (start is None or last >= start) and (stop is None or last < stop)
+
+
+def _trace_spans(conn: Connection, f: CallFilter, traces: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """The first and last id of the calls `f` selects in each of these traces."""
+    statement = f.apply(select(C.trace_id, func.min(C.id), func.max(C.id))).where(C.trace_id.in_(traces))
+    return {trace: (first, last) for trace, first, last in conn.execute(statement.group_by(C.trace_id))}
 
 
 def _as_kwargs(f: CallFilter) -> dict[str, Any]:
