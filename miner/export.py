@@ -228,8 +228,8 @@ def _merge(work: Path, parts: int) -> tuple[dict[str, Any], int, str]:
     with ThreadPoolExecutor(2 * len(SPLITS)) as pool:
         copies = [pool.submit(_copy_lines, work, split, kept, lengths) for split, (kept, lengths) in masks.items()]
         copies += [pool.submit(merge_parquet, [part_files(work, p, split)[0].with_suffix(".parquet")
-                                               for p in range(parts)], kept, work / f"{split}.parquet")
-                   for split, (kept, _) in masks.items()]
+                                               for p in range(parts)], kept, lengths, work / f"{split}.parquet")
+                   for split, (kept, lengths) in masks.items()]
         for copy in copies:
             copy.result()
     for split in SPLITS:

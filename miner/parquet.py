@@ -89,14 +89,46 @@ class RowWriter:
         self.writer.close()
 
 
-def merge_parquet(parts: list[Path], kept: list[list[bool]], out: Path) -> None:
-    """Part files as one, in order, keeping the rows `kept` marks (one flag per row of each part)."""
+def merge_parquet(parts: list[Path], kept: list[list[bool]], sizes: list[list[int]], out: Path) -> None:
+    """Part files as one, in order, keeping the rows `kept` marks (one flag per row of each part; `sizes`: each row's
+    size, its JSON line's length). Row groups are cut where the kept rows alone say (`_group_rows`), not where the
+    parts end, so that however many parts the rows came in, the file is the same."""
+    groups = iter(_group_rows(kept, sizes))
+    want = next(groups, None)
     with _writer(out) as writer:
-        groups = _Groups(writer)
+        pending: list[pa.RecordBatch] = []
+        held = 0
         for path, mask in zip(parts, kept, strict=True):
             start = 0
             for batch in pq.ParquetFile(path).iter_batches(batch_size=500):
                 flags = mask[start:start + batch.num_rows]
                 start += batch.num_rows
-                groups.add(batch if all(flags) else batch.filter(pa.array(flags, type=pa.bool_())))
-        groups.close()
+                pending.append(batch if all(flags) else batch.filter(pa.array(flags, type=pa.bool_())))
+                held += pending[-1].num_rows
+                while want is not None and held >= want:
+                    table = pa.Table.from_batches(pending, SCHEMA)
+                    writer.write_table(table.slice(0, want).combine_chunks())  # a page's cut is not a part's
+                    pending, held = table.slice(want).to_batches(), held - want
+                    want = next(groups, None)
+        if want is not None:
+            raise ValueError(f"{out.name}: the parts hold fewer rows than their .meta lines say")
+        if not any(map(any, kept)):  # nothing kept: the schema alone
+            writer.write_table(SCHEMA.empty_table())
+
+
+def _group_rows(kept: list[list[bool]], sizes: list[list[int]]) -> list[int]:
+    """How many rows each row group of the merged file holds: GROUP_ROWS, or fewer where they reach GROUP_BYTES."""
+    groups: list[int] = []
+    rows = size = 0
+    for mask, lengths in zip(kept, sizes, strict=True):
+        for keep, length in zip(mask, lengths, strict=True):
+            if not keep:
+                continue
+            rows += 1
+            size += length
+            if rows >= GROUP_ROWS or size >= GROUP_BYTES:
+                groups.append(rows)
+                rows = size = 0
+    if rows:
+        groups.append(rows)
+    return groups

@@ -124,7 +124,7 @@ def test_the_export_loads_with_datasets_is_deterministic_and_never_splits_a_trac
     first = _mine(db_url, tmp_path / "a", "--eval-share", "0.3", "--workers", "1")
     second = _mine(db_url, tmp_path / "b", "--eval-share", "0.3", "--workers", "3")  # another split of the work
     assert first["content_hash"] == second["content_hash"]
-    for name in ("train.jsonl", "eval.jsonl"):
+    for name in ("train.jsonl", "eval.jsonl", "train.parquet", "eval.parquet"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
 
     train, evaluation = _rows(tmp_path / "a", "train"), _rows(tmp_path / "a", "eval")
@@ -379,3 +379,35 @@ def test_the_merge_copies_part_files_without_holding_them_in_memory(tmp_path: Pa
     assert (tmp_path / "train.jsonl").read_bytes() == b"".join(
         [*lines[0], *(r for r, keep in zip(lines[1], kept[1], strict=True) if keep)])
     assert peak < 4 << 20  # the parts hold 55 MB
+
+
+def test_the_parquet_file_is_the_same_however_many_parts_its_rows_came_in(tmp_path: Path) -> None:
+    """Row groups are cut where the kept rows say, not where the parts end: 1, 2 or 3 workers write the same bytes."""
+    import pyarrow.parquet as pq
+
+    from tracemill.miner.parquet import GROUP_ROWS, RowWriter, merge_parquet
+
+    rows = [{"id": str(n), "prompt": [{"role": "user", "content": f"call {n} " * (n % 7 + 300)}], "raw": f"out {n}",
+             "valid": n % 5 == 0, "call_id": n} for n in range(int(2.5 * GROUP_ROWS))]
+    dropped = {3, 1500, 2001}  # repeats of an earlier part's prompts
+
+    def merged(cuts: list[int], name: str) -> bytes:
+        bounds = [0, *cuts, len(rows)]
+        paths, kept, sizes = [], [], []
+        for n, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+            writer = RowWriter(tmp_path / f"{name}-{n}.parquet")
+            for row in rows[a:b]:
+                writer.add(row, len(json.dumps(row)))
+            writer.close()
+            paths.append(tmp_path / f"{name}-{n}.parquet")
+            kept.append([i not in dropped for i in range(a, b)])
+            sizes.append([len(json.dumps(row)) for row in rows[a:b]])
+        merge_parquet(paths, kept, sizes, tmp_path / f"{name}.parquet")
+        return (tmp_path / f"{name}.parquet").read_bytes()
+
+    one = merged([], "one")
+    assert merged([1234], "two") == one == merged([700, 1901], "three")
+    table = pq.read_table(tmp_path / "one.parquet")
+    assert table.num_rows == len(rows) - len(dropped) and table.column("call_id")[3].as_py() == 4
+    assert [g.num_rows for g in (pq.ParquetFile(tmp_path / "one.parquet").metadata.row_group(i)
+                                 for i in range(3))] == [GROUP_ROWS, GROUP_ROWS, len(rows) - len(dropped) - 2000]
