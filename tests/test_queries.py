@@ -37,11 +37,16 @@ def _store(db_url: str):  # type: ignore[no-untyped-def]
         attrs["gen_ai.input.messages"] = json.dumps([{"role": "user", "parts": [{"type": "text",
                                                                                   "content": LONG_PROMPT}]}])
         spans.append(make_span(f"{n + 1:032x}", f"{n + 1:016x}", "chat", attrs, start_ns=1_700_000_000_000_000_000 + n))
+    _write(engine, writer, spans)
+    return engine
+
+
+def _write(engine, writer: SpanWriter, spans: list) -> None:  # type: ignore[no-untyped-def,type-arg]
+    """Spans stored as the collector stores one request of them."""
     batch = writer.prepare(decode_protobuf(export_request(spans), Limits(1 << 20)).spans)
     with engine.begin() as conn:
         writer.write(conn, batch)
     writer.committed()
-    return engine
 
 
 def test_filters_batches_and_traces(db_url: str) -> None:
@@ -92,10 +97,7 @@ def _interleaved_store(db_url: str):  # type: ignore[no-untyped-def]
         span = make_span(f"{run + 1:032x}", f"{run + 1:08x}{turn + 1:08x}", "chat",
                          chat_attributes(calls, model="qwen3" if run % 3 else "llama3.1-8b"),
                          start_ns=1_700_000_000_000_000_000 + turn * 10**9 + run)
-        batch = writer.prepare(decode_protobuf(export_request([span]), Limits(1 << 20)).spans)
-        with engine.begin() as conn:
-            writer.write(conn, batch)
-        writer.committed()
+        _write(engine, writer, [span])
     return engine
 
 
