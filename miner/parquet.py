@@ -93,7 +93,8 @@ def merge_parquet(parts: list[Path], kept: list[list[bool]], sizes: list[list[in
     """Part files as one, in order, keeping the rows `kept` marks (one flag per row of each part; `sizes`: each row's
     size, its JSON line's length). Row groups are cut where the kept rows alone say (`_group_rows`), not where the
     parts end, so that however many parts the rows came in, the file is the same."""
-    groups = iter(_group_rows(kept, sizes))
+    cuts = _group_rows(kept, sizes)
+    groups = iter(cuts)
     want = next(groups, None)
     with _writer(out) as writer:
         pending: list[pa.RecordBatch] = []
@@ -112,7 +113,7 @@ def merge_parquet(parts: list[Path], kept: list[list[bool]], sizes: list[list[in
                     want = next(groups, None)
         if want is not None:
             raise ValueError(f"{out.name}: the parts hold fewer rows than their .meta lines say")
-        if not any(map(any, kept)):  # nothing kept: the schema alone
+        if not cuts:  # nothing kept: the schema alone
             writer.write_table(SCHEMA.empty_table())
 
 

@@ -11,9 +11,10 @@ import gc
 import hashlib
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -146,7 +147,7 @@ def _json_or_text(text: str) -> Any:
 def _contexts(engine: Engine, calls: list[StoredCall]) -> dict[tuple[str, str], list[Any]]:
     """The conversation of each call's span (`miner.conversation`); of the values stored once, only the conversations
     are read."""
-    keys = list(dict.fromkeys((c.trace_id, c.span_id) for c in sorted(calls, key=_stored)))  # the order stored
+    keys = list(dict.fromkeys((c.trace_id, c.span_id) for c in sorted(calls, key=attrgetter("id"))))  # the order stored
     found: dict[tuple[str, str], list[Any]] = {}
     with engine.connect() as conn:
         for start in range(0, len(keys), 500):
@@ -177,10 +178,6 @@ def _contexts(engine: Engine, calls: list[StoredCall]) -> dict[tuple[str, str], 
 _GENAI_CONVERSATION = select(SpanRow.trace_id, SpanRow.span_id, func.coalesce(
     select(PayloadRow.body).where(PayloadRow.digest == SpanRow.attributes[(GENAI_MESSAGES, REF_KEY)].as_string())
     .scalar_subquery(), SpanRow.attributes[GENAI_MESSAGES].as_string()).label("messages"))
-
-
-def _stored(call: StoredCall) -> int:
-    return call.id
 
 
 def _reviews(engine: Engine, ids: list[int]) -> dict[int, Any]:

@@ -144,8 +144,7 @@ class _Catalog:
     tools: tuple[Tool, ...]
     offered: tuple[str, ...]  # the index's keys
     names: tuple[str, ...]  # each tool's own name
-    sizes: tuple[int, ...]  # how many words each tool's name and description hold
-    bits: dict[str, int]  # each of those words -> a bit of its own
+    bits: dict[str, int]  # each word of the tools' names and descriptions -> a bit of its own
     masks: tuple[int, ...]  # each tool's words, as the OR of their bits
     lines: dict[tuple[PromptSettings, int], str]  # a tool's line in the prompt, by settings and position
 
@@ -166,8 +165,7 @@ def _catalog(index: Mapping[str, Tool]) -> _Catalog:
     bits = {word: 1 << n for n, word in enumerate(sorted(frozenset().union(*about)))}
     if len(_CATALOGS) >= 1024:
         _CATALOGS.clear()
-    found = _CATALOGS[id(index)] = _Catalog(tools, tuple(index), tuple(t.name for t in tools),
-                                            tuple(len(a) for a in about), bits,
+    found = _CATALOGS[id(index)] = _Catalog(tools, tuple(index), tuple(t.name for t in tools), bits,
                                             tuple(sum(map(bits.__getitem__, a)) for a in about), {})
     return found
 
@@ -205,10 +203,9 @@ def _closest(catalog: _Catalog, names: tuple[str, ...], said: int, taken: tuple[
     request that the catalog knows (`said`, `_Catalog.mask`), as (name, position), the closest first (outputs that
     name the same tools with the same words are ranked once)."""
     by_names = _name_scores(names, catalog.offered)
-    scored = [(-(score + 0.5 * ((said & mask).bit_count() / size if size else 0.0)), name, position)  # ties by name
-              for position, (name, score, mask, size)
-              in enumerate(zip(catalog.names, by_names, catalog.masks, catalog.sizes, strict=True))
-              if name not in taken]
+    scored = [(-(score + 0.5 * ((said & mask).bit_count() / mask.bit_count() if mask else 0.0)), name, position)
+              for position, (name, score, mask) in enumerate(zip(catalog.names, by_names, catalog.masks, strict=True))
+              if name not in taken]  # the best first, ties by name
     best = heapq.nsmallest(need, scored) if need < len(scored) else sorted(scored)
     return tuple((name, position) for _, name, position in best)
 
