@@ -29,7 +29,7 @@ from tracemill.miner.repairs import find_repairs
 from tracemill.miner.rows import build_row, reference_for
 from tracemill.reader import Reading, read
 from tracemill.reviser_prompt import PromptSettings, ReviserPrompt, build_prompt
-from tracemill.store.payloads import REF_KEY, is_reference
+from tracemill.store.payloads import REF_KEY, resolve_all
 from tracemill.store.queries import CallFilter, StoredCall, by_span_keys, iter_traces, toolsets
 from tracemill.store.tables import PayloadRow, ReviewRow, SpanRow
 from tracemill.tools import Tool, tool_index
@@ -158,13 +158,9 @@ def _contexts(engine: Engine, calls: list[StoredCall]) -> dict[tuple[str, str], 
             others = set(chunk) - set(spans)
             if others:  # another convention: read the span's attributes
                 rows = by_span_keys(conn, select(SpanRow.trace_id, SpanRow.span_id, SpanRow.attributes), sorted(others))
-                attributes = {(r.trace_id, r.span_id): {k: v for k, v in (r.attributes or {}).items()
-                                                        if is_conversation(k)} for r in rows}
-                digests = {v[REF_KEY] for a in attributes.values() for v in a.values() if is_reference(v)}
-                bodies = dict(conn.execute(select(PayloadRow.digest, PayloadRow.body)
-                                           .where(PayloadRow.digest.in_(digests))).all()) if digests else {}
-                spans.update((key, {k: bodies.get(v[REF_KEY]) if is_reference(v) else v for k, v in a.items()})
-                             for key, a in attributes.items())
+                said = {(r.trace_id, r.span_id): {k: v for k, v in (r.attributes or {}).items() if is_conversation(k)}
+                        for r in rows}
+                spans.update(resolve_all(conn, said))
             for key, conversation in spans.items():
                 found[key] = span_messages(conversation)
             unsaid = {key for key in chunk if not found.get(key)}

@@ -7,10 +7,12 @@ import json
 import httpx
 from sqlalchemy import select, text
 
-from support import WEATHER_TOOLS, chat_attributes, export_request, make_span
 from tracemill.store.engine import make_engine
 from tracemill.store.payloads import PAYLOAD_MIN_CHARS, is_reference, read_payload, resolve
+from tracemill.store.queries import trace_spans
 from tracemill.store.tables import SpanRow
+
+from support import WEATHER_TOOLS, chat_attributes, export_request, make_span
 
 BIG_TOOLS = WEATHER_TOOLS + [
     {"type": "function", "function": {"name": f"tool_{i}", "description": "A tool. " * 20,
@@ -45,6 +47,10 @@ def test_large_values_are_stored_once_and_read_back(db_url: str, start_collector
         key = stored[0]["gen_ai.tool.definitions"]["$payload"]
         assert read_payload(conn, key, offset=10, limit=50) == definitions[10:60]
         assert read_payload(conn, key, offset=len(definitions) - 7) == definitions[-7:]
+        whole = trace_spans(conn, "ab" * 16)
+        assert [s.attributes["gen_ai.tool.definitions"] for s in whole] == [definitions] * 5
+        paged = trace_spans(conn, "ab" * 16, resolved=False)
+        assert all(is_reference(s.attributes["gen_ai.tool.definitions"]) for s in paged)
         calls = conn.execute(text("select count(*) from tool_calls where name_valid")).scalar_one()
     engine.dispose()
     assert calls == 5, "the calls were verified against the full definitions"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, func, select
 
@@ -12,6 +12,8 @@ from tracemill.store.tables import PayloadRow
 
 PAYLOAD_MIN_CHARS = 1024
 REF_KEY = "$payload"
+
+K = TypeVar("K")
 
 
 def digest(text: str) -> str:
@@ -42,10 +44,17 @@ def read_payload(conn: Connection, key: str, offset: int = 0, limit: int | None 
     return value
 
 
+def resolve_all(conn: Connection, spans: Mapping[K, Mapping[str, Any]]) -> dict[K, dict[str, Any]]:
+    """Spans' attributes (by any key) with every stored-once value back in place, the values read in one query; a
+    value whose payload is gone stays its reference."""
+    keys = {v[REF_KEY] for attributes in spans.values() for v in attributes.values() if is_reference(v)}
+    if not keys:
+        return {key: dict(attributes) for key, attributes in spans.items()}
+    bodies = dict(conn.execute(select(PayloadRow.digest, PayloadRow.body).where(PayloadRow.digest.in_(keys))).all())
+    return {key: {k: bodies.get(v[REF_KEY], v) if is_reference(v) else v for k, v in attributes.items()}
+            for key, attributes in spans.items()}
+
+
 def resolve(conn: Connection, attributes: Mapping[str, Any]) -> dict[str, Any]:
     """A span's attributes with every stored-once value back in place."""
-    keys = {v[REF_KEY] for v in attributes.values() if is_reference(v)}
-    if not keys:
-        return dict(attributes)
-    bodies = dict(conn.execute(select(PayloadRow.digest, PayloadRow.body).where(PayloadRow.digest.in_(keys))).all())
-    return {k: bodies[v[REF_KEY]] if is_reference(v) else v for k, v in attributes.items()}
+    return resolve_all(conn, {0: attributes})[0]

@@ -10,12 +10,11 @@ from datetime import datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import (ColumnElement, Connection, Engine, Select, String, and_, bindparam, func, or_, select,
-                        text)
+from sqlalchemy import ColumnElement, Connection, Engine, Select, String, and_, bindparam, func, or_, select, text
 from sqlalchemy.exc import OperationalError
 
 from tracemill.spans import SpanRecord
-from tracemill.store.payloads import resolve
+from tracemill.store.payloads import resolve_all
 from tracemill.store.tables import LogEventRow, SpanRow, ToolCallRow, ToolsetRow
 from tracemill.tools import Tool, normalize_tools
 
@@ -241,8 +240,8 @@ def committed_call_id(engine: Engine, wait_seconds: float = 30.0) -> int | None:
             try:
                 conn.execute(text(f"LOCK TABLE {C.__tablename__} IN SHARE MODE"))
             except OperationalError as exc:
-                raise StoreBusyError(f"the store's writes to {C.__tablename__} did not finish within {wait_seconds:g} s "
-                                     "(a transaction holds them open); try again") from exc
+                raise StoreBusyError(f"the store's writes to {C.__tablename__} did not finish within "
+                                     f"{wait_seconds:g} s (a transaction holds them open); try again") from exc
         newest = conn.execute(select(func.max(C.id))).scalar()
     return int(newest) if newest is not None else None
 
@@ -265,13 +264,15 @@ def toolsets(conn: Connection, ids: Iterable[int]) -> dict[int, list[Tool]]:
     return {row.id: normalize_tools(row.tools) for row in rows}
 
 
-def _span(conn: Connection, row: Any, resolved: bool) -> SpanRecord:
-    attributes = row.attributes if isinstance(row.attributes, dict) else {}
-    return SpanRecord(
+def _spans(conn: Connection, rows: Sequence[Any], resolved: bool) -> list[SpanRecord]:
+    """The rows as spans; with `resolved`, their stored-once values read back in one query."""
+    attributes = {n: row.attributes if isinstance(row.attributes, dict) else {} for n, row in enumerate(rows)}
+    attributes = resolve_all(conn, attributes) if resolved else {n: dict(a) for n, a in attributes.items()}
+    return [SpanRecord(
         trace_id=row.trace_id, span_id=row.span_id, parent_span_id=row.parent_span_id, name=row.name, kind=row.kind,
         start_time_ns=row.start_time_ns, end_time_ns=row.end_time_ns, status_code=row.status_code,
-        status_message=row.status_message, attributes=resolve(conn, attributes) if resolved else dict(attributes),
-        resource=row.resource or {}, scope_name=row.scope_name, events=row.events or [], links=row.links or [])
+        status_message=row.status_message, attributes=attributes[n], resource=row.resource or {},
+        scope_name=row.scope_name, events=row.events or [], links=row.links or []) for n, row in enumerate(rows)]
 
 
 _SPAN_COLUMNS = (SpanRow.trace_id, SpanRow.span_id, SpanRow.parent_span_id, SpanRow.name, SpanRow.kind,
@@ -284,7 +285,7 @@ def trace_spans(conn: Connection, trace_id: str, resolved: bool = True) -> list[
     reader of huge traces asks for `resolved=False` and pages through `payloads.read_payload` instead."""
     rows = conn.execute(select(*_SPAN_COLUMNS).where(SpanRow.trace_id == trace_id)
                         .order_by(SpanRow.start_time_ns, SpanRow.id))
-    return [_span(conn, row, resolved) for row in rows]
+    return _spans(conn, rows.all(), resolved)
 
 
 def by_span_keys(conn: Connection, statement: Select[Any], keys: Sequence[tuple[str, str]],
@@ -308,7 +309,7 @@ def by_span_keys(conn: Connection, statement: Select[Any], keys: Sequence[tuple[
 
 def span(conn: Connection, trace_id: str, span_id: str, resolved: bool = True) -> SpanRecord | None:
     row = conn.execute(select(*_SPAN_COLUMNS).where(SpanRow.trace_id == trace_id, SpanRow.span_id == span_id)).first()
-    return _span(conn, row, resolved) if row is not None else None
+    return _spans(conn, [row], resolved)[0] if row is not None else None
 
 
 def trace_calls(conn: Connection, trace_ids: Sequence[str]) -> dict[str, list[StoredCall]]:
