@@ -9,7 +9,7 @@ Revises: 0010
 Create Date: 2026-12-02 17:15:00
 """
 
-from alembic import op
+from tracemill.store.migrate import retype_on_postgresql
 
 revision = "0011"
 down_revision = "0010"
@@ -19,17 +19,9 @@ depends_on = None
 COLUMNS = {"spans": ("attributes", "resource", "events", "links"), "log_events": ("attributes", "body")}
 
 
-def _retype(to: str) -> None:
-    if op.get_bind().dialect.name != "postgresql":
-        return
-    for table, columns in COLUMNS.items():  # one statement a table: each rewrites it
-        changes = ", ".join(f'ALTER COLUMN "{c}" TYPE {to} USING "{c}"::{to}' for c in columns)
-        op.execute(f"ALTER TABLE {table} {changes}")
-
-
 def upgrade() -> None:
-    _retype("json")
+    retype_on_postgresql(COLUMNS, "json")
 
 
 def downgrade() -> None:
-    _retype("jsonb")
+    retype_on_postgresql(COLUMNS, "jsonb")

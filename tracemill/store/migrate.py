@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from alembic import command
+from alembic import command, op
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
-
 
 # The scripts live in the top-level `alembic/` folder of a checkout (no __init__.py there, so the folder never shadows
 # the alembic library) and are installed as `tracemill/migrations/` by a wheel.
@@ -41,3 +41,13 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
 
 def is_current(engine: Engine) -> bool:
     return current_revision(engine) == head_revision()
+
+
+def retype_on_postgresql(columns: Mapping[str, Sequence[str]], to: str) -> None:
+    """In a migration script: the columns of each table made of type `to` on PostgreSQL, one statement a table (each
+    rewrites it). SQLite, whose JSON is text whatever the declared type, is left alone."""
+    if op.get_bind().dialect.name != "postgresql":
+        return
+    for table, names in columns.items():
+        changes = ", ".join(f'ALTER COLUMN "{c}" TYPE {to} USING "{c}"::{to}' for c in names)
+        op.execute(f"ALTER TABLE {table} {changes}")
