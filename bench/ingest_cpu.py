@@ -15,12 +15,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from ingest import Bodies
-
 import tracemill
 from tracemill.collector import worker
 from tracemill.store.engine import make_engine
 from tracemill.store.migrate import upgrade
+
+from ingest import Bodies
 
 
 def main() -> None:

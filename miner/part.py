@@ -108,8 +108,8 @@ class _PartFiles:
         lines, meta, parquet = self.files[split]
         line = orjson.dumps(row) + b"\n"
         lines.write(line)
-        meta.write(orjson.dumps([key, xxhash.xxh3_128_hexdigest(line), len(line),
-                                 row["failure_class"], row["provenance"], row["model"], row["harness_version"]]) + b"\n")
+        counted = (row["failure_class"], row["provenance"], row["model"], row["harness_version"])
+        meta.write(orjson.dumps([key, xxhash.xxh3_128_hexdigest(line), len(line), *counted]) + b"\n")
         parquet.add(row, len(line))
         return True
 

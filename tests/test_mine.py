@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 from click.testing import CliRunner
+from sim_truth import simulated_outputs
 from sqlalchemy import func, insert, select
 
 from tracemill.cli import main
@@ -25,7 +26,6 @@ from tracemill.store.engine import make_engine
 from tracemill.store.tables import DatasetRow, ReviewRow, ToolCallRow
 from tracemill.suites import read_cases
 
-from sim_truth import simulated_outputs
 from support import chat_attributes, export_request, make_span
 
 pytestmark = pytest.mark.timeout(240)

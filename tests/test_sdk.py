@@ -17,11 +17,12 @@ import pytest
 from sqlalchemy import select
 
 import tracemill.sdk as tm
-from support import free_port
 from tracemill.collector.keys import create_key
 from tracemill.store.engine import make_engine
 from tracemill.store.payloads import resolve
 from tracemill.store.tables import SpanRow, ToolCallRow
+
+from support import free_port
 
 pytestmark = pytest.mark.timeout(60)
 

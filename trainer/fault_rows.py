@@ -27,8 +27,8 @@ from tracemill.reviser_prompt import PromptSettings, build_prompt
 from tracemill.revisers import no_reviser
 from tracemill.suites import Case, bfcl_suite, mcp_bench_suite
 from tracemill.tools import Tool, tool_index
-from tracemill.verify import ToolCall, verify
 from tracemill.trainer.dataset import CARD, EVAL, TRAIN
+from tracemill.verify import ToolCall, verify
 
 
 def fault_cases(seed: int = 0, sources: Sequence[str] = ("bfcl", "mcp-bench"), max_calls: int | None = None

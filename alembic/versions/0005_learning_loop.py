@@ -6,9 +6,8 @@ Create Date: 2026-12-01 12:30:00
 """
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
-
 from alembic import op
+from sqlalchemy.dialects import postgresql
 
 revision = "0005"
 down_revision = "0004"

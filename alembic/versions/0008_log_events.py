@@ -6,9 +6,8 @@ Create Date: 2026-12-01 15:30:00
 """
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import JSONB
-
 from alembic import op
+from sqlalchemy.dialects.postgresql import JSONB
 
 revision = "0008"
 down_revision = "0007"

@@ -10,7 +10,6 @@ Create Date: 2026-12-01 19:30:00
 """
 
 import sqlalchemy as sa
-
 from alembic import op
 
 revision = "0009"

@@ -17,8 +17,9 @@ import pytest
 from google.rpc.status_pb2 import Status
 from sqlalchemy import text
 
-from support import SlowUpload, chat_attributes, export_request, make_span
 from tracemill.store.engine import make_engine
+
+from support import SlowUpload, chat_attributes, export_request, make_span
 
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
 

@@ -17,10 +17,11 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
-from support import chat_attributes, export_request, make_span
 from tracemill.collector.worker import _caused_by_data
 from tracemill.otlp import partial_success
 from tracemill.store.engine import make_engine
+
+from support import chat_attributes, export_request, make_span
 
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
 JSON = {"Content-Type": "application/json"}

@@ -16,8 +16,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Status, StatusCode
 from sqlalchemy import text
 
-from support import WEATHER_TOOLS, chat_attributes
 from tracemill.store.engine import make_engine
+
+from support import WEATHER_TOOLS, chat_attributes
 
 EXPORTERS = {"protobuf": ProtobufSpanExporter, "json": JSONSpanExporter}
 

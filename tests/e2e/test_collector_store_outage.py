@@ -11,8 +11,9 @@ from google.rpc.status_pb2 import Status
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from support import export_request, make_span, refused_connections
 from tracemill.store.engine import make_engine
+
+from support import export_request, make_span, refused_connections
 
 pytestmark = pytest.mark.postgres
 
