@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -18,6 +19,18 @@ from tracemill.collector.logs import LogEvent
 from tracemill.store.queries import span
 
 _FLAT = re.compile(r"llm\.input_messages\.(\d+)\.message\.(role|content)$")
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """A model call's input messages; `text`: the JSON they were stored as, where it is exactly these messages (a
+    dataset keeps the conversation as sent, not decoded and encoded again)."""
+
+    messages: list[Any] = field(default_factory=list)
+    text: str | None = None
+
+    def to_json(self) -> str:
+        return self.text if self.text is not None else orjson.dumps(self.messages, default=str).decode()
 
 
 def _decoded(value: Any) -> Any:
@@ -41,6 +54,18 @@ def _messages(value: Any) -> list[Any] | None:
 
 GENAI_MESSAGES = "gen_ai.input.messages"
 _KEYS = (GENAI_MESSAGES, "gen_ai.prompt", "input.value")
+
+
+def genai_conversation(stored: str) -> Conversation:
+    """The conversation of a span's `gen_ai.input.messages`, from the text stored; a JSON array of message objects
+    keeps its text."""
+    try:
+        value: Any = orjson.loads(stored)
+    except orjson.JSONDecodeError:
+        value = stored
+    if type(value) is list and value and all(type(m) is dict for m in value):
+        return Conversation(value, stored)
+    return Conversation(span_messages({GENAI_MESSAGES: value}))
 
 
 def is_conversation(key: str) -> bool:

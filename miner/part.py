@@ -23,7 +23,14 @@ import xxhash
 from sqlalchemy import Engine, func, select
 
 from tracemill.collector.joins import stored_events
-from tracemill.miner.conversation import GENAI_MESSAGES, event_messages, is_conversation, span_messages
+from tracemill.miner.conversation import (
+    GENAI_MESSAGES,
+    Conversation,
+    event_messages,
+    genai_conversation,
+    is_conversation,
+    span_messages,
+)
 from tracemill.miner.parquet import RowWriter
 from tracemill.miner.repairs import find_repairs
 from tracemill.miner.rows import build_row, reference_for
@@ -136,38 +143,31 @@ class _Tools:
         return self.indexes
 
 
-def _json_or_text(text: str) -> Any:
-    """An attribute read as text: the conversation it encodes, a payload reference, or the text itself."""
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return text
-
-
-def _contexts(engine: Engine, calls: list[StoredCall]) -> dict[tuple[str, str], list[Any]]:
+def _contexts(engine: Engine, calls: list[StoredCall]) -> dict[tuple[str, str], Conversation]:
     """The conversation of each call's span (`miner.conversation`); of the values stored once, only the conversations
     are read."""
     keys = list(dict.fromkeys((c.trace_id, c.span_id) for c in sorted(calls, key=attrgetter("id"))))  # the order stored
-    found: dict[tuple[str, str], list[Any]] = {}
+    found: dict[tuple[str, str], Conversation] = {}
     with engine.connect() as conn:
         for start in range(0, len(keys), 500):
             chunk = keys[start:start + 500]
             rows = by_span_keys(conn, _GENAI_CONVERSATION, chunk)
-            spans = {(r.trace_id, r.span_id): {GENAI_MESSAGES: _json_or_text(r.messages)} for r in rows
-                     if r.messages is not None}
-            others = set(chunk) - set(spans)
+            found.update(((r.trace_id, r.span_id), genai_conversation(r.messages)) for r in rows
+                         if r.messages is not None)
+            others = set(chunk) - found.keys()
             if others:  # another convention: read the span's attributes
                 rows = by_span_keys(conn, select(SpanRow.trace_id, SpanRow.span_id, SpanRow.attributes), sorted(others))
                 said = {(r.trace_id, r.span_id): {k: v for k, v in (r.attributes or {}).items() if is_conversation(k)}
                         for r in rows}
-                spans.update(resolve_all(conn, said))
-            for key, conversation in spans.items():
-                found[key] = span_messages(conversation)
-            unsaid = {key for key in chunk if not found.get(key)}
+                found.update((key, Conversation(span_messages(a))) for key, a in resolve_all(conn, said).items())
+            unsaid = {key for key in chunk if key not in found or not found[key].messages}
             if unsaid:  # the messages may have come as the span's log events
-                found.update((key, event_messages(said)) for key, said in stored_events(conn, unsaid).items())
+                found.update((key, Conversation(event_messages(said)))
+                             for key, said in stored_events(conn, unsaid).items())
     return found
 
+
+_UNSAID = Conversation()  # a span that holds no conversation
 
 # The GenAI conversation, extracted by the database as the text it was sent as, the stored-once text in its place
 # (decoding whole attributes, or having the database quote the text as JSON and decoding that, costs more)
@@ -233,11 +233,11 @@ def mine_part(engine: Engine, folder: Path, part: int, ends: tuple[int | None, i
             contexts = _contexts(engine, [c for _, c, _ in chosen])
             reviews = _reviews(engine, [c.id for _, c, _ in chosen if c.failed])
             for split, call, repair in chosen:
-                context = contexts.get((call.trace_id, call.span_id), [])
+                context = contexts.get((call.trace_id, call.span_id), _UNSAID)
                 index = indexes[call.toolset_id]  # type: ignore[index]
                 read_as = reading(call)
-                reference = reference_for(call, index, context, reviews.get(call.id), repair, read_as)
-                prompt = build_prompt(call.raw, index, context, options.prompt, reading=read_as)
+                reference = reference_for(call, index, context.messages, reviews.get(call.id), repair, read_as)
+                prompt = build_prompt(call.raw, index, context.messages, options.prompt, reading=read_as)
                 if not files.write(split, build_row(call, prompt, context, reference), prompt_digest(prompt)):
                     result.stats["duplicates_dropped"] += 1
             if progress is not None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from tracemill.miner.conversation import Conversation
 from tracemill.miner.failures import failure_key
 from tracemill.reader import Reading
 from tracemill.repair import revise
@@ -64,7 +65,7 @@ def reference_for(call: StoredCall, index: Mapping[str, Tool], context: Sequence
     return None
 
 
-def build_row(call: StoredCall, prompt: ReviserPrompt, context: Sequence[Any],
+def build_row(call: StoredCall, prompt: ReviserPrompt, context: Conversation,
               reference: Reference | None) -> dict[str, Any]:
     """`prompt`: `build_prompt`'s for the call, with the settings the export records."""
     key = failure_key(call.name, call.stage, call.violations, call.execution_status, call.execution_error)
@@ -72,8 +73,8 @@ def build_row(call: StoredCall, prompt: ReviserPrompt, context: Sequence[Any],
         "id": str(call.id),
         "prompt": prompt.to_list(),
         "raw": call.raw,
-        "tools": _json([t.to_mcp() for t in prompt.tools]),
-        "context": _json(list(context)),
+        "tools": prompt.tools_json,
+        "context": context.to_json(),
         "reference": _json(reference.calls) if reference is not None else None,
         "provenance": reference.provenance if reference is not None else None,
         "valid": key is None,

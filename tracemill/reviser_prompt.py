@@ -63,6 +63,7 @@ class ReviserPrompt:
     messages: tuple[dict[str, str], ...]  # {"role", "content"}, as chat templates and TRL's conversational data take
     tools: tuple[Tool, ...]  # the tools the prompt shows
     sections: tuple[str, ...]  # the last message's content, a line (or a turn, or the output) each, before joining
+    tools_json: str  # `tools` as a JSON array of MCP tool definitions (`Tool.to_mcp`), as datasets hold them
 
     def to_list(self) -> list[dict[str, str]]:
         return [dict(m) for m in self.messages]
@@ -147,6 +148,7 @@ class _Catalog:
     bits: dict[str, int]  # each word of the tools' names and descriptions -> a bit of its own
     masks: tuple[int, ...]  # each tool's words, as the OR of their bits
     lines: dict[tuple[PromptSettings, int], str]  # a tool's line in the prompt, by settings and position
+    mcp: dict[int, str]  # a tool's MCP definition as JSON, by position
 
     def mask(self, words: set[str]) -> int:
         """The words the catalog knows, as one int of their bits."""
@@ -166,7 +168,7 @@ def _catalog(index: Mapping[str, Tool]) -> _Catalog:
     if len(_CATALOGS) >= 1024:
         _CATALOGS.clear()
     found = _CATALOGS[id(index)] = _Catalog(tools, tuple(index), tuple(t.name for t in tools), bits,
-                                            tuple(sum(map(bits.__getitem__, a)) for a in about), {})
+                                            tuple(sum(map(bits.__getitem__, a)) for a in about), {}, {})
     return found
 
 
@@ -329,10 +331,13 @@ def build_prompt(raw: str, index: Mapping[str, Tool], context: Sequence[Any] | N
     for position, tool in nearest:
         if (settings, position) not in lines:
             lines[settings, position] = _tool_line(tool, settings)
+        if position not in catalog.mcp:
+            catalog.mcp[position] = orjson.dumps(tool.to_mcp()).decode()
     sections = ["<tools>", *(lines[settings, p] for p, _ in nearest), "</tools>"]
     if turns:
         sections += ["<conversation>", *turns, "</conversation>"]
     sections += ["<output>", raw, "</output>"]
     user = {"role": "user", "content": "\n".join(sections)}
     messages = ({"role": "system", "content": SYSTEM}, user) if settings.system else (user,)
-    return ReviserPrompt(messages, tuple(t for _, t in nearest), tuple(sections))
+    tools_json = "[" + ",".join(catalog.mcp[p] for p, _ in nearest) + "]"
+    return ReviserPrompt(messages, tuple(t for _, t in nearest), tuple(sections), tools_json)

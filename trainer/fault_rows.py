@@ -87,7 +87,7 @@ def prompt_row(case: Case, settings: PromptSettings) -> dict[str, Any]:
     source, _, model = case.id.rpartition("/")
     return {
         "id": case.id, "prompt": prompt.to_list(), "raw": case.raw,
-        "tools": json.dumps([t.to_mcp() for t in prompt.tools]),
+        "tools": prompt.tools_json,
         "context": json.dumps(case.context) if case.context is not None else None,
         "reference": json.dumps([c.to_dict() for c in case.reference]) if case.reference is not None else None,
         "provenance": "gold" if case.reference is not None else None,
