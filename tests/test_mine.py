@@ -278,6 +278,7 @@ def test_a_call_whose_conversation_runs_to_megabytes_is_exported(start_collector
     _mine(sqlite_url, tmp_path / "big", "--eval-share", "0")
     [row] = _rows(tmp_path / "big")
     assert row["valid"] is False and json.loads(row["context"])[0]["parts"][0]["content"] == said
+    assert row["context"] == chat["gen_ai.input.messages"]  # as the agent sent it, not decoded and encoded again
     assert len(row["prompt"][1]["content"]) < 10_000  # the prompt keeps the newest part of it, to its budget
     table = pq.read_table(tmp_path / "big" / "train.parquet")
     assert table.num_rows == 1 and table.column("context")[0].as_py() == row["context"]
