@@ -332,7 +332,7 @@ def build_prompt(raw: str, index: Mapping[str, Tool], context: Sequence[Any] | N
         if (settings, position) not in lines:
             lines[settings, position] = _tool_line(tool, settings)
         if position not in catalog.mcp:
-            catalog.mcp[position] = orjson.dumps(tool.to_mcp()).decode()
+            catalog.mcp[position] = orjson.dumps(tool.to_mcp(), default=str).decode()
     sections = ["<tools>", *(lines[settings, p] for p, _ in nearest), "</tools>"]
     if turns:
         sections += ["<conversation>", *turns, "</conversation>"]
