@@ -95,6 +95,7 @@ def test_a_prompt_shows_its_tools_in_the_order_ranked_and_the_request_it_answere
     assert "user: Look it up, please." in user and "You are an agent." not in user
     assert user.endswith(f"<output>\n{raw}\n</output>")
     assert "\n".join(prompt.sections) == user
+    assert json.loads(prompt.tools_json) == [t.to_mcp() for t in prompt.tools]  # the dataset's `tools` column
 
 
 _SPACE = st.sampled_from([" ", "  ", "\n", "\t", " \n ", "\n\n", "\u00a0", "\r\n"])
