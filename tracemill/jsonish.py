@@ -5,6 +5,7 @@ which is refused rather than completed."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 import warnings
 from dataclasses import dataclass
@@ -12,7 +13,6 @@ from typing import Any
 
 import json_repair
 
-from tracemill import jsontext
 from tracemill.revision import Step, StepKind
 
 NOTHING = object()  # no value: not read yet, or none to be had (None is a JSON value)
@@ -140,7 +140,7 @@ def python_literal(tree: ast.Expression | None) -> Any:
 def literal(text: str) -> Any:
     """JSON, else a Python literal. Raises ValueError."""
     try:
-        return jsontext.loads(text)
+        return json.loads(text)
     except (ValueError, RecursionError):
         pass
     return python_literal(_python(text))
@@ -152,7 +152,7 @@ def decode(piece: Piece, steps: list[Step]) -> Any:
     text = piece.text
     if not piece.json_failed:
         try:
-            return jsontext.loads(text)
+            return json.loads(text)
         except (ValueError, RecursionError):
             pass
     try:
@@ -167,7 +167,7 @@ def decode(piece: Piece, steps: list[Step]) -> Any:
     if state == "open":
         try:
             try:
-                value = jsontext.loads(text + closers)
+                value = json.loads(text + closers)
             except (ValueError, RecursionError):
                 value = python_literal(piece.closed_python())
             steps.append(Step(StepKind.CLOSE_BRACKETS, f"added the missing {closers!r}"))

@@ -25,7 +25,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracemill import jsontext
 from tracemill.jsonish import NOTHING, PYTHON_ERRORS, Piece, Refused, decode, jsonable, scan
 from tracemill.names import match_tool
 from tracemill.regions import regions
@@ -325,7 +324,7 @@ def read(raw: str | bytes | Mapping[str, Any] | Sequence[Any] | ToolCall, index:
         raw = raw.decode("utf-8", errors="replace")
     if isinstance(raw, str):
         try:
-            value: Any = jsontext.loads(raw)
+            value: Any = json.loads(raw)
         except (ValueError, RecursionError):
             return _reading(_read_text(raw, steps, index), steps)
         text = raw

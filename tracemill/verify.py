@@ -8,6 +8,7 @@ fails is the Verdict's `stage`; every violation of that stage is listed with its
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -19,7 +20,6 @@ from jsonschema import Draft202012Validator, SchemaError
 from jsonschema.exceptions import ValidationError
 from jsonschema.validators import validator_for
 
-from tracemill import jsontext
 from tracemill.tools import Tool, tool_index
 
 
@@ -116,7 +116,7 @@ def parse_call(raw: str | bytes | Mapping[str, Any] | ToolCall) -> ToolCall | Ve
         return raw
     if isinstance(raw, (str, bytes)):
         try:
-            raw = jsontext.loads(raw)
+            raw = json.loads(raw)
         except (ValueError, RecursionError) as exc:
             return parse_failure("invalid_json", "", f"not valid JSON: {exc}")
     if isinstance(raw, list):
@@ -135,7 +135,7 @@ def parse_call(raw: str | bytes | Mapping[str, Any] | ToolCall) -> ToolCall | Ve
     arguments = body["arguments"]
     if isinstance(arguments, str):
         try:
-            arguments = jsontext.loads(arguments) if arguments.strip() else {}
+            arguments = json.loads(arguments) if arguments.strip() else {}
         except (ValueError, RecursionError) as exc:
             return parse_failure("invalid_json", pointer(*base, "arguments"), f"arguments are not valid JSON: {exc}")
     if arguments is None:
