@@ -59,13 +59,10 @@ _KEYS = (GENAI_MESSAGES, "gen_ai.prompt", "input.value")
 def genai_conversation(stored: str) -> Conversation:
     """The conversation of a span's `gen_ai.input.messages`, from the text stored; a JSON array of message objects
     keeps its text."""
-    try:
-        value: Any = orjson.loads(stored)
-    except orjson.JSONDecodeError:
-        value = stored
+    value = _decoded(stored)
     if type(value) is list and value and all(type(m) is dict for m in value):
         return Conversation(value, stored)
-    return Conversation(span_messages({GENAI_MESSAGES: value}))
+    return Conversation(_messages(value) or [])
 
 
 def is_conversation(key: str) -> bool:
