@@ -235,7 +235,7 @@ def _merge(work: Path, parts: int) -> tuple[dict[str, Any], int, str]:
     for split in SPLITS:
         for part in range(parts):
             lines, meta = part_files(work, part, split)
-            lines.unlink(missing_ok=True)  # a split's first lines may have been renamed into place
+            lines.unlink(missing_ok=True)  # renamed into place (a split's first lines) or removed once copied
             meta.unlink()
             lines.with_suffix(".parquet").unlink()
     return summaries, dropped, content.hexdigest()
@@ -254,6 +254,7 @@ def _copy_lines(work: Path, split: str, kept: list[list[bool]], lengths: list[li
             with open(part_files(work, part, split)[0], "rb") as source:
                 for start, length in _kept_ranges(mask, sizes):
                     _copy_range(source, out, start, length)
+            part_files(work, part, split)[0].unlink()  # freeing gigabytes takes seconds: here, beside the Parquet merge
 
 
 def _kept_ranges(mask: list[bool], lengths: list[int]) -> list[tuple[int, int]]:
