@@ -579,7 +579,8 @@ def run_phase(server: Server, bodies: Bodies, seqs: itertools.count[int], kind: 
         "rejected_spans": record.rejected_spans,
         "rows_added": last[1] - first[1], "dropped_requests": record.dropped_requests,
         "unsent_requests": record.unsent_requests,
-        "attempts": dict(record.statuses), "share_503": round(record.statuses["503"] / attempts, 4) if attempts else None,
+        "attempts": dict(record.statuses),
+        "share_503": round(record.statuses["503"] / attempts, 4) if attempts else None,
         "ack_latency_ms": {q: None if (v := _pct(record.latencies_s, p)) is None else round(v * 1000, 1)
                            for q, p in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0))},
         "rss_max_mb": round(max(s[2] for s in sampler.samples) / MB, 1),
@@ -661,7 +662,8 @@ def machine() -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--duration", type=float, default=60.0, help="seconds per phase (default 60)")
     parser.add_argument("--exporters", type=int, default=8, help="concurrent exporters in the peak phase (default 8)")
     parser.add_argument("--only", choices=("tracemill", "phoenix"), help="run one server only")

@@ -355,7 +355,8 @@ def soak(args: argparse.Namespace, db_url: str, admin: Engine, workdir: Path) ->
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--duration", type=float, default=1800.0, help="seconds of load (default 1800: 30 min)")
     parser.add_argument("--exporters", type=int, default=4, help="exporter threads (default 4)")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between an exporter's batches (default 1)")

@@ -93,7 +93,8 @@ def failures_visit(engine: Engine, new_calls: int) -> Any:
     with engine.connect() as conn:
         top = int(conn.exec_driver_sql("select max(id) from tool_calls").scalar())
     counts = FailureCounts(settled_id=max(0, top - new_calls - RECOUNT)).update(engine, recount=RECOUNT)
-    return counts.report(), counts.report(("stage", "kind"), since_day=(utcnow() - timedelta(days=7)).date().isoformat())
+    return counts.report(), counts.report(("stage", "kind"),
+                                          since_day=(utcnow() - timedelta(days=7)).date().isoformat())
 
 
 def facets_visit(conn: Any, new_calls: int) -> Any:

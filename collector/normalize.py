@@ -50,7 +50,8 @@ _EXEC_ID_KEYS = ("gen_ai.tool.call.id", "tool_call.id", "tool.id", "tool.call_id
 _EXEC_ARGUMENT_KEYS = ("gen_ai.tool.call.arguments", "mcp.request.arguments", "input.value",
                        "tool_call.function.arguments", "gen_ai.prompt", "tool.parameters")
 _EXEC_RESULT_KEYS = ("gen_ai.tool.call.result", "mcp.tool.result.content", "output.value", "gen_ai.completion")
-# LangChain's `invalid_tool_calls` (arguments that are not JSON), which OpenInference leaves out of the flattened output.
+# LangChain's `invalid_tool_calls` (arguments that are not JSON), which OpenInference leaves out of the
+# flattened output.
 _REPORT_MARKERS = ('"status"', '"tool_call_id"', '"isError"', '"is_error"')
 _INVALID_CALLS = re.compile(r'"invalid_tool_calls":\s*\[\s*\{')
 _MCP_ARGUMENT_PREFIX = "mcp.request.argument."

@@ -70,7 +70,8 @@ def test_own_case_file_with_out_dir_round_trips(tmp_path):
         "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
         "required": ["city"]}}}]
     cases = [
-        {"tools": tools, "raw": 'Sure!\n```json\n{"name": "get_weather", "arguments": {"city": "Paris", "days": "3"}}\n```',
+        {"tools": tools,
+         "raw": 'Sure!\n```json\n{"name": "get_weather", "arguments": {"city": "Paris", "days": "3"}}\n```',
          "reference": [{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}], "context": None},
         {"tools": tools, "raw": '{"name": "get_weather", "arguments": {"city": "Oslo"}}', "reference": None,
          "context": [{"role": "user", "content": "Weather in Oslo?"}]},

@@ -516,7 +516,8 @@ def test_a_tool_error_langchain_handled_is_an_error() -> None:
 def test_openinference_langchain_llm_span_keeps_the_call_langchain_could_not_parse() -> None:
     generation = {"generations": [[{"text": "", "message": {"lc": 1, "kwargs": {
         "content": "", "type": "ai", "tool_calls": [], "invalid_tool_calls": [
-            {"type": "invalid_tool_call", "name": "get_weather", "args": '{"city": "Par', "id": "c2", "error": None}]}}}]]}
+            {"type": "invalid_tool_call", "name": "get_weather", "args": '{"city": "Par', "id": "c2",
+             "error": None}]}}}]]}
     [call] = extract(span({"openinference.span.kind": "LLM", "llm.model_name": "m",
                            "llm.output_messages.0.message.role": "assistant",
                            "output.value": json.dumps(generation)})).calls

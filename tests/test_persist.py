@@ -64,7 +64,8 @@ def test_one_call_seen_by_a_chain_span_another_trace_and_a_tool_span_is_one_full
     writer = SpanWriter(engine.dialect)
     first, second = "a1" * 16, "b2" * 16
     chain = {"langsmith.span.kind": "chain", "gen_ai.completion": json.dumps({"messages": [
-        {"type": "ai", "content": "", "tool_calls": [{"name": "get_weather", "args": {"city": "Paris"}, "id": "call_q8Zr2LmN4x"}]}]})}
+        {"type": "ai", "content": "", "tool_calls": [{"name": "get_weather", "args": {"city": "Paris"},
+                                                      "id": "call_q8Zr2LmN4x"}]}]})}
     call = [{"id": "call_q8Zr2LmN4x", "name": "get_weather", "arguments": {"city": "Paris"}}]
     _write(engine, writer, [make_span(first, "01" * 8, "agent", chain)])
     _write(engine, writer, [make_span(first, "02" * 8, "chat", chat_attributes(call), parent="01" * 8)])

@@ -72,7 +72,8 @@ def test_wrappers_are_unwrapped(raw):
     f'[TOOL_CALLS][{{"name": "calculate_triangle_area", "arguments": {ARGS}}}]',
     f'[TOOL_CALLS]calculate_triangle_area[ARGS]{ARGS}',
     f'<function=calculate_triangle_area>{ARGS}</function>',
-    f'<think>The user wants {{"base": 1}}? No: base 10.</think>{{"name": "calculate_triangle_area", "arguments": {ARGS}}}',
+    ('<think>The user wants {"base": 1}? No: base 10.</think>'
+     f'{{"name": "calculate_triangle_area", "arguments": {ARGS}}}'),
     f'I will call the tool now: {{"name": "calculate_triangle_area", "arguments": {ARGS}}} and report back.',
 ])
 def test_calls_are_read_out_of_text(raw):

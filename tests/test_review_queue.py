@@ -76,7 +76,8 @@ def test_rules_queue_sensitive_and_guessed_calls_once(db_url: str) -> None:
     assert _queued(engine) == {"Medical Calculator:bmi_bsa_calculator": "medical", "Contracts:review_clause": "legal",
                                "Weather:get_wether": "low_confidence", "Weather:get_weather": "low_confidence"}
     assert queue.scan(engine, _rules()).queued == 0
-    changed = _rules(review_low_confidence=[LowConfidenceRule(source="rules", steps=["coerce"])])  # new rules read the store again: nothing queued twice
+    # new rules read the store again: nothing queued twice
+    changed = _rules(review_low_confidence=[LowConfidenceRule(source="rules", steps=["coerce"])])
     assert queue.scan(engine, changed).queued == 0
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(ReviewQueueRow)).scalar() == 4

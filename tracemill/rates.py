@@ -1,4 +1,5 @@
-"""Rates as MCP-Bench reports them: a share of what was counted, unknown (None, shown as "unknown") where nothing was."""
+"""Rates as MCP-Bench reports them: a share of what was counted, unknown (None, shown as "unknown") where
+nothing was."""
 
 from __future__ import annotations
 

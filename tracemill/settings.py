@@ -68,7 +68,8 @@ class Settings(BaseSettings):
     collector_workers: int = Field(default_factory=lambda: min(os.cpu_count() or 1, 8), ge=1,
                                    description="collector ingest processes (default: one per core, up to 8)")
     max_body_bytes: int = Field(default=32 * 1024 * 1024, description="requests larger than this get 413")
-    max_attribute_bytes: int = Field(default=4 * 1024 * 1024, description="one attribute value larger than this is rejected")
+    max_attribute_bytes: int = Field(default=4 * 1024 * 1024,
+                                     description="one attribute value larger than this is rejected")
     ingest_queue_spans: int = Field(default=10_000,
                                     description="spans being read, decoded or written before 503")
     max_inflight_bytes: int = Field(default=16 * 1024 * 1024,

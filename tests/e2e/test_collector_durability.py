@@ -121,7 +121,8 @@ def padded_body(n: int, spans: int) -> tuple[bytes, set[tuple[str, str]]]:
     """Request number n: `spans` spans of about 1 kB each, with ids unique to this request."""
     trace = f"{n + 1:032x}"
     ids = [f"{n + 1:08x}{i + 1:08x}" for i in range(spans)]
-    return export_request([make_span(trace, i, "step", {"padding": "x" * 1000}) for i in ids]), {(trace, i) for i in ids}
+    return (export_request([make_span(trace, i, "step", {"padding": "x" * 1000}) for i in ids]),
+            {(trace, i) for i in ids})
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])

@@ -296,7 +296,8 @@ def test_poison_spans_are_refused_alone_and_their_neighbours_stored(db_url: str,
             failures[case] = message
     for n, (case, (fields, where)) in enumerate(JSON_POISONS.items()):
         trace = f"{n + 101:032x}"
-        body = json_request(json_span(trace, "01" * 8), json_span(trace, "02" * 8, **fields), json_span(trace, "03" * 8))
+        body = json_request(json_span(trace, "01" * 8), json_span(trace, "02" * 8, **fields),
+                            json_span(trace, "03" * 8))
         message = rejected_alone(collector, body, JSON, trace)
         if not message.startswith(f"resourceSpans[0].scopeSpans[0].spans[1]{where}"):
             failures[case] = message

@@ -84,7 +84,8 @@ class Agents:
                               capture_output=True, text=True, timeout=60,
                               env={**os.environ, "COLLECTOR": self.collector.url, "MODEL_URL": self.model_url,
                                    "MODEL": model, "TOOLS": json.dumps(TOOLS), "TURNS": json.dumps(list(TURNS)),
-                                   "OTEL_EXPORTER_OTLP_ENDPOINT": self.collector.url, "TRACELOOP_TELEMETRY": "false", **env})
+                                   "OTEL_EXPORTER_OTLP_ENDPOINT": self.collector.url, "TRACELOOP_TELEMETRY": "false",
+                                   **env})
         assert done.returncode == 0, done.stderr[-4000:]
         return done.stdout
 

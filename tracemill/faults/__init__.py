@@ -41,8 +41,8 @@ from tracemill.faults.render import RenderCall, render
 from tracemill.tools import Tool
 from tracemill.verify import ToolCall
 
-__all__ = ["CONTENT_KINDS", "CONTEXT_KINDS", "KINDS", "PROFILES", "RENDER_KINDS", "TEXT_KINDS", "WEAK_PROFILES", "Corrupted", "Fault",
-           "Profile", "corrupt", "corrupt_calls", "sample_faults"]
+__all__ = ["CONTENT_KINDS", "CONTEXT_KINDS", "KINDS", "PROFILES", "RENDER_KINDS", "TEXT_KINDS", "WEAK_PROFILES",
+           "Corrupted", "Fault", "Profile", "corrupt", "corrupt_calls", "sample_faults"]
 
 
 def corrupt_calls(calls: Sequence[ToolCall], tools: Sequence[Tool], kinds: Sequence[str],

@@ -5,14 +5,20 @@ about (`tracemill simulate --harness-version NAME`). So `tracemill failures --co
 plateau once the harness has done what it can: what is left (missing values, context-only faults, cut outputs) is what
 a trained reviser is for. A name not in the table is simulated as `prompt-v1`.
 
-| version | change | fault kinds it makes rarer (rate ×) |
-| --- | --- | --- |
-| prompt-v1 | the baseline prompt and the servers' own tool descriptions | — |
-| prompt-v2 | tool descriptions give each tool's exact name, with its server, and its parameters' names | tool names ×0.25, parameter names ×0.4, wrong tool of the right server ×0.6 |
-| prompt-v3 | the system prompt asks for the tool call alone, as JSON, with no prose or code fences | prose ×0.25, fence ×0.25, tool-call tags ×0.5, pythonic ×0.5, wrapper ×0.5 |
-| prompt-v4 | each tool description shows a typed example call (numbers as numbers, arrays as arrays) | number as string ×0.3, array as string ×0.3, Python literals ×0.5, wrong format ×0.6 |
-| prompt-v5 | the system prompt reworded for clarity | — (the plateau) |
-| prompt-v6 | the tool descriptions shortened | — |
+The table, one entry per version: its change, then the fault kinds it makes rarer (rate ×).
+
+- prompt-v1: the baseline prompt and the servers' own tool descriptions
+  rarer: —
+- prompt-v2: tool descriptions give each tool's exact name, with its server, and its parameters' names
+  rarer: tool names ×0.25, parameter names ×0.4, wrong tool of the right server ×0.6
+- prompt-v3: the system prompt asks for the tool call alone, as JSON, with no prose or code fences
+  rarer: prose ×0.25, fence ×0.25, tool-call tags ×0.5, pythonic ×0.5, wrapper ×0.5
+- prompt-v4: each tool description shows a typed example call (numbers as numbers, arrays as arrays)
+  rarer: number as string ×0.3, array as string ×0.3, Python literals ×0.5, wrong format ×0.6
+- prompt-v5: the system prompt reworded for clarity
+  rarer: — (the plateau)
+- prompt-v6: the tool descriptions shortened
+  rarer: —
 """
 
 from __future__ import annotations
