@@ -250,11 +250,11 @@ def _copy_lines(work: Path, split: str, kept: list[list[bool]], lengths: list[li
     with open(path, "r+b" if whole else "wb") as out:
         out.seek(0, os.SEEK_END)
         for part in range(1 if whole else 0, len(kept)):
-            mask, sizes = kept[part], lengths[part]
-            with open(part_files(work, part, split)[0], "rb") as source:
-                for start, length in _kept_ranges(mask, sizes):
+            lines = part_files(work, part, split)[0]
+            with open(lines, "rb") as source:
+                for start, length in _kept_ranges(kept[part], lengths[part]):
                     _copy_range(source, out, start, length)
-            part_files(work, part, split)[0].unlink()  # freeing gigabytes takes seconds: here, beside the Parquet merge
+            lines.unlink()  # freeing gigabytes takes seconds: here, beside the Parquet merge
 
 
 def _kept_ranges(mask: list[bool], lengths: list[int]) -> list[tuple[int, int]]:
