@@ -29,8 +29,16 @@ from typing import Any
 import orjson
 from sqlalchemy import Engine, and_, bindparam, func, insert, select, update
 
-from tracemill.miner.parquet import merge_parquet
-from tracemill.miner.part import SPLITS, PartOptions, PartResult, init_worker, mine_part, part_files, run_part
+from tracemill.miner.part import (
+    SPLITS,
+    PartFiles,
+    PartOptions,
+    PartResult,
+    init_worker,
+    mine_part,
+    part_files,
+    run_part,
+)
 from tracemill.reviser_prompt import PromptSettings
 from tracemill.store.queries import CallFilter, committed_call_id, count_calls
 from tracemill.store.sqlite_writer import WriteLock, database_path
@@ -157,28 +165,39 @@ def _ranges(engine: Engine, where: CallFilter, workers: int) -> list[tuple[int |
     return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
-def _run_parts(engine: Engine, work: Path, options: PartOptions, workers: int,
+def _run_parts(engine: Engine, first: PartFiles, options: PartOptions, workers: int,
                progress: Callable[[int], None] | None) -> list[PartResult]:
+    """The first range mined here, into `first`, and the others by worker processes beside it."""
     ranges = _ranges(engine, options.where, workers)
-    if workers == 1:
-        return [mine_part(engine, work, 0, ranges[0], options, progress)]
+    if len(ranges) == 1:
+        return [mine_part(engine, first, ranges[0], options, progress)]
     import multiprocessing
 
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited connections or locks
     counter = context.Value("q", 0)
     url = engine.url.render_as_string(hide_password=False)
-    pool = context.Pool(workers, initializer=init_worker, initargs=(url, counter))
+    pool = context.Pool(len(ranges) - 1, initializer=init_worker, initargs=(url, counter))
+    shown = 0
+
+    def step(calls: int) -> None:  # between batches of the first range: the workers' progress, and their failures
+        nonlocal shown
+        for waiting in pending:
+            if waiting.ready() and not waiting.successful():
+                waiting.get()
+        if progress is not None:
+            now = counter.value
+            progress(calls + now - shown)
+            shown = now
+
     try:
-        pending = [pool.apply_async(run_part, (work, n, r, options)) for n, r in enumerate(ranges)]
-        shown = 0
-        while not all(p.ready() for p in pending):
-            pending[0].wait(0.2)
-            if progress is not None and counter.value > shown:
-                progress(counter.value - shown)
-                shown = counter.value
-        results = [p.get() for p in pending]
-        if progress is not None and counter.value > shown:
-            progress(counter.value - shown)
+        pending = [pool.apply_async(run_part, (first.folder, n, r, options)) for n, r in enumerate(ranges[1:], 1)]
+        results = [mine_part(engine, first, ranges[0], options, step)]
+        for waiting in pending:
+            while not waiting.ready():
+                waiting.wait(0.2)
+                step(0)
+        step(0)
+        results += [p.get() for p in pending]
         pool.close()
         return results
     finally:
@@ -186,13 +205,15 @@ def _run_parts(engine: Engine, work: Path, options: PartOptions, workers: int,
         pool.join()
 
 
-def _merge(work: Path, parts: int) -> tuple[dict[str, Any], int, str]:
+def _merge(first: PartFiles, parts: int) -> tuple[dict[str, Any], int, str]:
     """The parts' files as one JSON Lines and one Parquet file per split, in part order; of two rows with the same
     prompt only the first is kept (a part has kept only the first of its own). Which rows are kept is read from the
-    `.meta` lines; then lines are copied by the kernel (a split's first part, whole, is renamed instead) and Parquet a
-    batch at a time by Arrow, all four files at once (neither holds the GIL), so that the merge costs little next to
-    the mining. Returns the splits' summaries, the duplicates dropped and the content hash (of every kept line's hash,
-    in order)."""
+    `.meta` lines; then the first part's lines become the split's file and the later parts' kept lines are copied in
+    by the kernel, while the first part's Parquet writer, still open, takes the later parts' kept rows (decoded and
+    encoded again by Arrow): all four files at once (neither holds the GIL), so that the merge costs little next to the
+    mining. Returns the splits' summaries, the duplicates dropped and the content hash (of every kept line's hash, in
+    order)."""
+    work = first.folder
     seen: set[str] = set()
     dropped = 0
     summaries = {}
@@ -227,29 +248,32 @@ def _merge(work: Path, parts: int) -> tuple[dict[str, Any], int, str]:
         content.update(f"{split}:{summaries[split]['sha256']}\n".encode())
     with ThreadPoolExecutor(2 * len(SPLITS)) as pool:
         copies = [pool.submit(_copy_lines, work, split, kept, lengths) for split, (kept, lengths) in masks.items()]
-        copies += [pool.submit(merge_parquet, [part_files(work, p, split)[0].with_suffix(".parquet")
-                                               for p in range(parts)], kept, lengths, work / f"{split}.parquet")
-                   for split, (kept, lengths) in masks.items()]
+        copies += [pool.submit(_extend_parquet, first, split, kept, lengths) for split, (kept, lengths) in masks.items()]
         for copy in copies:
             copy.result()
     for split in SPLITS:
         for part in range(parts):
-            lines, meta = part_files(work, part, split)
-            lines.unlink(missing_ok=True)  # renamed into place (a split's first lines) or removed once copied
-            meta.unlink()
-            lines.with_suffix(".parquet").unlink()
+            part_files(work, part, split)[1].unlink()
     return summaries, dropped, content.hexdigest()
+
+
+def _extend_parquet(first: PartFiles, split: str, kept: list[list[bool]], lengths: list[list[int]]) -> None:
+    writer = first.parquet[split]
+    for part in range(1, len(kept)):
+        path = part_files(first.folder, part, split)[0].with_suffix(".parquet")
+        writer.append_part(path, kept[part], lengths[part])
+        path.unlink()
+    writer.close()
+    os.replace(part_files(first.folder, 0, split)[0].with_suffix(".parquet"), first.folder / f"{split}.parquet")
 
 
 def _copy_lines(work: Path, split: str, kept: list[list[bool]], lengths: list[list[int]]) -> None:
     path = work / f"{split}.jsonl"
-    whole = bool(kept) and all(kept[0])  # the first part keeps every line: it becomes the file
-    if whole:
-        os.replace(part_files(work, 0, split)[0], path)
+    os.replace(part_files(work, 0, split)[0], path)  # the first part keeps every line it wrote
     # not opened to append: copy_file_range refuses a file opened with O_APPEND (EBADF)
-    with open(path, "r+b" if whole else "wb") as out:
+    with open(path, "r+b") as out:
         out.seek(0, os.SEEK_END)
-        for part in range(1 if whole else 0, len(kept)):
+        for part in range(1, len(kept)):
             lines = part_files(work, part, split)[0]
             with open(lines, "rb") as source:
                 for start, length in _kept_ranges(kept[part], lengths[part]):
@@ -298,16 +322,21 @@ def _write(engine: Engine, work: Path, where: CallFilter, options: MineOptions, 
            progress: Callable[[int], None] | None) -> dict[str, Any]:
     part_options = PartOptions(where, options.eval_after, options.eval_share, valid_rate, options.seed,
                                options.prompt, options.batch)
-    results = _run_parts(engine, work, part_options, max(1, options.workers), progress)
-    stats: Counter[str] = Counter()
-    links: dict[int, int] = {}
-    for result in results:
-        stats.update(result.stats)
-        links.update(result.links)
-    with ThreadPoolExecutor(1) as linking:  # the store's writes go on beside the merge's file copies
-        linked = linking.submit(_link_repairs, engine, links)
-        summaries, dropped, content = _merge(work, len(results))
-        linked.result()
+    first = PartFiles(work, 0)
+    try:
+        results = _run_parts(engine, first, part_options, max(1, options.workers), progress)
+        first.close_lines()
+        stats: Counter[str] = Counter()
+        links: dict[int, int] = {}
+        for result in results:
+            stats.update(result.stats)
+            links.update(result.links)
+        with ThreadPoolExecutor(1) as linking:  # the store's writes go on beside the merge's file copies
+            linked = linking.submit(_link_repairs, engine, links)
+            summaries, dropped, content = _merge(first, len(results))
+            linked.result()
+    finally:
+        first.close()
     return {
         "format": FORMAT, "name": "", "created_at": datetime.now(UTC).isoformat(), "content_hash": content,
         "splits": summaries, "counts": _totals(summaries),

@@ -1,4 +1,5 @@
-"""A split's Parquet files: written from the rows as they are made (the JSON Lines columns, typed), and merged."""
+"""A split's Parquet file: written from the rows as they are made (the JSON Lines columns, typed), then extended with
+the kept rows of the later parts' files."""
 
 from __future__ import annotations
 
@@ -25,31 +26,6 @@ GROUP_BYTES = 32 << 20  # and at most about this much: a row holds a whole conve
 BATCH_ROWS, BATCH_BYTES = 250, 4 << 20  # rows kept as Python objects before they are made an Arrow batch
 
 
-class _Groups:
-    """Batches written as row groups of about GROUP_ROWS rows."""
-
-    def __init__(self, writer: pq.ParquetWriter) -> None:
-        self.writer, self.pending, self.rows, self.bytes, self.wrote = writer, [], 0, 0, False
-
-    def add(self, batch: pa.RecordBatch) -> None:
-        self.pending.append(batch)
-        self.rows += batch.num_rows
-        self.bytes += batch.nbytes
-        if self.rows >= GROUP_ROWS or self.bytes >= GROUP_BYTES:
-            self.flush()
-
-    def flush(self) -> None:
-        if self.rows:
-            self.writer.write_table(pa.Table.from_batches(self.pending, SCHEMA))
-            self.wrote = True
-        self.pending, self.rows, self.bytes = [], 0, 0
-
-    def close(self) -> None:
-        self.flush()
-        if not self.wrote:
-            self.writer.write_table(SCHEMA.empty_table())
-
-
 def _writer(path: Path) -> pq.ParquetWriter:
     # statistics only for the short columns: min and max of a prompt column are whole prompts, kept per row group;
     # dictionaries only for the columns whose values repeat (each distinct prompt would be hashed into one in vain)
@@ -63,73 +39,72 @@ _REPEATED = ("tools", "provenance", "valid", "failure_class", "stage", "violatio
 
 
 class RowWriter:
-    """Rows (dicts of the export's columns, `rows.COLUMNS`) written to one Parquet file as they are made."""
+    """Rows (dicts of the export's columns, `rows.COLUMNS`) written to one Parquet file as they are made, then, where
+    the rows came in parts, the kept rows of the later parts' files (`append_part`). A row group is cut after GROUP_ROWS
+    rows, or sooner where its rows' sizes reach GROUP_BYTES: where the rows alone say, never where a batch or a part
+    ends, so that however many parts the rows came in, the file is the same."""
 
     def __init__(self, path: Path) -> None:
         self.writer = _writer(path)
-        self.groups = _Groups(self.writer)
-        self.rows: list[dict[str, Any]] = []
-        self.bytes = 0
+        self.rows: list[dict[str, Any]] = []  # made, not yet an Arrow batch
+        self.sizes: list[int] = []
+        self.batch_bytes = 0
+        self.group: list[pa.RecordBatch] = []  # the row group being filled
+        self.group_rows = self.group_bytes = 0
+        self.wrote = False
 
     def add(self, row: dict[str, Any], size: int) -> None:
         """`size`: about how many bytes the row holds (its JSON line's length)."""
         self.rows.append(row)
-        self.bytes += size
-        if len(self.rows) >= BATCH_ROWS or self.bytes >= BATCH_BYTES:
-            self._flush()
+        self.sizes.append(size)
+        self.batch_bytes += size
+        if len(self.rows) >= BATCH_ROWS or self.batch_bytes >= BATCH_BYTES:
+            self._batch()
 
-    def _flush(self) -> None:
+    def append_part(self, path: Path, kept: list[bool], sizes: list[int]) -> None:
+        """The rows of a part's file that `kept` marks (a flag per row; `sizes`: each row's size), after those
+        written so far."""
+        self._batch()
+        start = 0
+        with pq.ParquetFile(path, pre_buffer=False) as part:
+            for batch in part.iter_batches(batch_size=500, use_threads=False):
+                flags, lengths = kept[start:start + batch.num_rows], sizes[start:start + batch.num_rows]
+                start += batch.num_rows
+                if not all(flags):
+                    batch = batch.filter(pa.array(flags, type=pa.bool_()))
+                    lengths = [n for n, keep in zip(lengths, flags, strict=True) if keep]
+                self._group(batch, lengths)
+        if start != len(kept):
+            raise ValueError(f"{path.name} holds {start} rows, its .meta lines {len(kept)}")
+
+    def _batch(self) -> None:
         if self.rows:
-            self.groups.add(pa.RecordBatch.from_pylist(self.rows, schema=SCHEMA))
-        self.rows, self.bytes = [], 0
+            self._group(pa.RecordBatch.from_pylist(self.rows, schema=SCHEMA), self.sizes)
+        self.rows, self.sizes, self.batch_bytes = [], [], 0
+
+    def _group(self, batch: pa.RecordBatch, sizes: list[int]) -> None:
+        start = 0
+        for end, size in enumerate(sizes, 1):
+            self.group_rows += 1
+            self.group_bytes += size
+            if self.group_rows >= GROUP_ROWS or self.group_bytes >= GROUP_BYTES:
+                self.group.append(batch.slice(start, end - start))
+                start = end
+                self._write_group()
+        if start < len(sizes):
+            self.group.append(batch.slice(start))
+
+    def _write_group(self) -> None:
+        if self.group:
+            self.writer.write_table(pa.Table.from_batches(self.group, SCHEMA).combine_chunks())  # one page run
+            self.wrote = True
+        self.group, self.group_rows, self.group_bytes = [], 0, 0
 
     def close(self) -> None:
-        self._flush()
-        self.groups.close()
+        if not self.writer.is_open:
+            return
+        self._batch()
+        self._write_group()
+        if not self.wrote:  # no rows: the schema alone
+            self.writer.write_table(SCHEMA.empty_table())
         self.writer.close()
-
-
-def merge_parquet(parts: list[Path], kept: list[list[bool]], sizes: list[list[int]], out: Path) -> None:
-    """Part files as one, in order, keeping the rows `kept` marks (one flag per row of each part; `sizes`: each row's
-    size, its JSON line's length). Row groups are cut where the kept rows alone say (`_group_rows`), not where the
-    parts end, so that however many parts the rows came in, the file is the same."""
-    cuts = _group_rows(kept, sizes)
-    groups = iter(cuts)
-    want = next(groups, None)
-    with _writer(out) as writer:
-        pending: list[pa.RecordBatch] = []
-        held = 0
-        for path, mask in zip(parts, kept, strict=True):
-            start = 0
-            for batch in pq.ParquetFile(path).iter_batches(batch_size=500):
-                flags = mask[start:start + batch.num_rows]
-                start += batch.num_rows
-                pending.append(batch if all(flags) else batch.filter(pa.array(flags, type=pa.bool_())))
-                held += pending[-1].num_rows
-                while want is not None and held >= want:
-                    table = pa.Table.from_batches(pending, SCHEMA)
-                    writer.write_table(table.slice(0, want).combine_chunks())  # a page's cut is not a part's
-                    pending, held = table.slice(want).to_batches(), held - want
-                    want = next(groups, None)
-        if want is not None:
-            raise ValueError(f"{out.name}: the parts hold fewer rows than their .meta lines say")
-        if not cuts:  # nothing kept: the schema alone
-            writer.write_table(SCHEMA.empty_table())
-
-
-def _group_rows(kept: list[list[bool]], sizes: list[list[int]]) -> list[int]:
-    """How many rows each row group of the merged file holds: GROUP_ROWS, or fewer where they reach GROUP_BYTES."""
-    groups: list[int] = []
-    rows = size = 0
-    for mask, lengths in zip(kept, sizes, strict=True):
-        for keep, length in zip(mask, lengths, strict=True):
-            if not keep:
-                continue
-            rows += 1
-            size += length
-            if rows >= GROUP_ROWS or size >= GROUP_BYTES:
-                groups.append(rows)
-                rows = size = 0
-    if rows:
-        groups.append(rows)
-    return groups

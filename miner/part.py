@@ -94,36 +94,44 @@ def part_files(folder: Path, part: int, split: str) -> tuple[Path, Path]:
     return folder / f"part-{part}-{split}.jsonl", folder / f"part-{part}-{split}.meta"
 
 
-class _PartFiles:
+class PartFiles:
     """A part's JSON Lines, `.meta` lines and Parquet file for each split, written row by row; a row whose prompt an
     earlier row of the split had is left out."""
 
     def __init__(self, folder: Path, part: int) -> None:
-        self.files = {}
+        self.folder = folder
+        self.lines = {}
+        self.parquet = {}
         self.seen: dict[str, set[str]] = {split: set() for split in SPLITS}
         for split in SPLITS:
             lines, meta = part_files(folder, part, split)
             # a row is a line of about 9 KB: with the default 8 KB buffer each was its own write(2)
-            self.files[split] = (open(lines, "wb", buffering=1 << 20), open(meta, "wb"),
-                                 RowWriter(lines.with_suffix(".parquet")))
+            self.lines[split] = (open(lines, "wb", buffering=1 << 20), open(meta, "wb"))
+            self.parquet[split] = RowWriter(lines.with_suffix(".parquet"))
 
     def write(self, split: str, row: dict[str, Any], key: str) -> bool:
         """Whether the row was written (False: a duplicate; `key`: its prompt's digest)."""
         if key in self.seen[split]:
             return False
         self.seen[split].add(key)
-        lines, meta, parquet = self.files[split]
+        lines, meta = self.lines[split]
         line = orjson.dumps(row) + b"\n"
         lines.write(line)
         counted = (row["failure_class"], row["provenance"], row["model"], row["harness_version"])
         meta.write(orjson.dumps([key, xxhash.xxh3_128_hexdigest(line), len(line), *counted]) + b"\n")
-        parquet.add(row, len(line))
+        self.parquet[split].add(row, len(line))
         return True
 
-    def close(self) -> None:
-        for lines, meta, parquet in self.files.values():
+    def close_lines(self) -> None:
+        """The JSON Lines and `.meta` files complete; the Parquet writers stay open (the first part's take the later
+        parts' rows)."""
+        for lines, meta in self.lines.values():
             lines.close()
             meta.close()
+
+    def close(self) -> None:
+        self.close_lines()
+        for parquet in self.parquet.values():
             parquet.close()
 
 
@@ -192,11 +200,12 @@ def _in_eval(trace: list[StoredCall], options: PartOptions) -> bool:
     return unit(options.seed, "split", trace[0].trace_id) < options.eval_share
 
 
-def mine_part(engine: Engine, folder: Path, part: int, ends: tuple[int | None, int | None],
-              options: PartOptions, progress: Callable[[int], None] | None = None) -> PartResult:
+def mine_part(engine: Engine, files: PartFiles, ends: tuple[int | None, int | None], options: PartOptions,
+              progress: Callable[[int], None] | None = None) -> PartResult:
+    """The rows of the traces whose last call's id falls in `ends`, written to `files` (left open: the caller closes
+    them)."""
     result = PartResult()
     tools = _Tools(engine)
-    files = _PartFiles(folder, part)
     collecting, frozen = gc.isenabled(), gc.get_freeze_count() > 0
     # a batch's calls, readings and conversations are hundreds of thousands of objects, alive until its rows are
     # written, and the caches and sets that outlive it grow batch by batch: the cyclic collector scanned both over and
@@ -252,7 +261,6 @@ def mine_part(engine: Engine, folder: Path, part: int, ends: tuple[int | None, i
             gc.unfreeze()
         if collecting:
             gc.enable()
-        files.close()
     return result
 
 
@@ -276,4 +284,8 @@ def _count(n: int) -> None:
 
 def run_part(folder: Path, part: int, ends: tuple[int | None, int | None], options: PartOptions) -> PartResult:
     assert _engine is not None, "init_worker first"
-    return mine_part(_engine, folder, part, ends, options, _count)
+    files = PartFiles(folder, part)
+    try:
+        return mine_part(_engine, files, ends, options, _count)
+    finally:
+        files.close()

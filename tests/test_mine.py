@@ -386,29 +386,36 @@ def test_the_parquet_file_is_the_same_however_many_parts_its_rows_came_in(tmp_pa
     """Row groups are cut where the kept rows say, not where the parts end: 1, 2 or 3 workers write the same bytes."""
     import pyarrow.parquet as pq
 
-    from tracemill.miner.parquet import GROUP_ROWS, RowWriter, merge_parquet
+    from tracemill.miner.parquet import GROUP_ROWS, RowWriter
 
     rows = [{"id": str(n), "prompt": [{"role": "user", "content": f"call {n} " * (n % 7 + 300)}], "raw": f"out {n}",
              "valid": n % 5 == 0, "call_id": n} for n in range(int(2.5 * GROUP_ROWS))]
-    dropped = {3, 1500, 2001}  # repeats of an earlier part's prompts
+    dropped = {1500, 1501, 2001}  # repeats of an earlier part's prompts (the first part writes none)
 
     def merged(cuts: list[int], name: str) -> bytes:
         bounds = [0, *cuts, len(rows)]
-        paths, kept, sizes = [], [], []
-        for n, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
-            writer = RowWriter(tmp_path / f"{name}-{n}.parquet")
+        first = RowWriter(tmp_path / f"{name}.parquet")
+        for row in rows[:bounds[1]]:
+            first.add(row, len(json.dumps(row)))
+        for n, (a, b) in enumerate(zip(bounds[1:-1], bounds[2:], strict=True)):
+            part = RowWriter(tmp_path / f"{name}-{n}.parquet")
             for row in rows[a:b]:
-                writer.add(row, len(json.dumps(row)))
-            writer.close()
-            paths.append(tmp_path / f"{name}-{n}.parquet")
-            kept.append([i not in dropped for i in range(a, b)])
-            sizes.append([len(json.dumps(row)) for row in rows[a:b]])
-        merge_parquet(paths, kept, sizes, tmp_path / f"{name}.parquet")
+                part.add(row, len(json.dumps(row)))
+            part.close()
+            first.append_part(tmp_path / f"{name}-{n}.parquet", [i not in dropped for i in range(a, b)],
+                              [len(json.dumps(row)) for row in rows[a:b]])
+        first.close()
         return (tmp_path / f"{name}.parquet").read_bytes()
 
-    one = merged([], "one")
-    assert merged([1234], "two") == one == merged([700, 1901], "three")
+    two = merged([1234], "two")
+    assert merged([700, 1901], "three") == two
+    one = RowWriter(tmp_path / "one.parquet")
+    for n, row in enumerate(rows):
+        if n not in dropped:
+            one.add(row, len(json.dumps(row)))
+    one.close()
+    assert (tmp_path / "one.parquet").read_bytes() == two
     table = pq.read_table(tmp_path / "one.parquet")
-    assert table.num_rows == len(rows) - len(dropped) and table.column("call_id")[3].as_py() == 4
+    assert table.num_rows == len(rows) - len(dropped) and table.column("call_id")[1500].as_py() == 1502
     assert [g.num_rows for g in (pq.ParquetFile(tmp_path / "one.parquet").metadata.row_group(i)
                                  for i in range(3))] == [GROUP_ROWS, GROUP_ROWS, len(rows) - len(dropped) - 2000]
