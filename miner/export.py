@@ -260,11 +260,11 @@ def _merge(first: PartFiles, parts: int) -> tuple[dict[str, Any], int, str]:
 def _extend_parquet(first: PartFiles, split: str, kept: list[list[bool]], lengths: list[list[int]]) -> None:
     writer = first.parquet[split]
     for part in range(1, len(kept)):
-        path = part_files(first.folder, part, split)[0].with_suffix(".parquet")
+        path = part_files(first.folder, part, split)[2]
         writer.append_part(path, kept[part], lengths[part])
         path.unlink()
     writer.close()
-    os.replace(part_files(first.folder, 0, split)[0].with_suffix(".parquet"), first.folder / f"{split}.parquet")
+    os.replace(part_files(first.folder, 0, split)[2], first.folder / f"{split}.parquet")
 
 
 def _copy_lines(work: Path, split: str, kept: list[list[bool]], lengths: list[list[int]]) -> None:

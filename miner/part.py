@@ -90,8 +90,10 @@ def prompt_digest(prompt: ReviserPrompt) -> str:
     return xxhash.xxh3_128_hexdigest(text.encode())
 
 
-def part_files(folder: Path, part: int, split: str) -> tuple[Path, Path]:
-    return folder / f"part-{part}-{split}.jsonl", folder / f"part-{part}-{split}.meta"
+def part_files(folder: Path, part: int, split: str) -> tuple[Path, Path, Path]:
+    """A part's JSON Lines, `.meta` lines and Parquet file for a split."""
+    stem = folder / f"part-{part}-{split}"
+    return stem.with_suffix(".jsonl"), stem.with_suffix(".meta"), stem.with_suffix(".parquet")
 
 
 class PartFiles:
@@ -104,10 +106,10 @@ class PartFiles:
         self.parquet = {}
         self.seen: dict[str, set[str]] = {split: set() for split in SPLITS}
         for split in SPLITS:
-            lines, meta = part_files(folder, part, split)
+            lines, meta, parquet = part_files(folder, part, split)
             # a row is a line of about 9 KB: with the default 8 KB buffer each was its own write(2)
             self.lines[split] = (open(lines, "wb", buffering=1 << 20), open(meta, "wb"))
-            self.parquet[split] = RowWriter(lines.with_suffix(".parquet"))
+            self.parquet[split] = RowWriter(parquet)
 
     def write(self, split: str, row: dict[str, Any], key: str) -> bool:
         """Whether the row was written (False: a duplicate; `key`: its prompt's digest)."""
