@@ -184,6 +184,18 @@ def build(url: str, calls: int, episodes: int) -> dict[str, Any]:
             "build_seconds": round(time.perf_counter() - started, 1)}
 
 
+def loop_seconds() -> float:
+    """CPU seconds of a 10-million-step empty loop, the best of five: how fast this machine runs Python, so that runs on
+    machines of one kind (which differ by up to three times) can be compared."""
+    best = float("inf")
+    for _ in range(5):
+        started = time.process_time()
+        for _ in range(10_000_000):
+            pass
+        best = min(best, time.process_time() - started)
+    return round(best, 3)
+
+
 def run_mine(url: str, out: Path) -> dict[str, Any]:
     """`tracemill mine` as a user runs it; resident memory is that of its whole process tree (it and its workers),
     sampled every 0.1 s, CPU that of the tree."""
@@ -235,8 +247,9 @@ def main() -> None:
         print(f"{backend}: building {args.calls} calls", file=sys.stderr)
         store = build(url, args.calls, args.episodes)
         print(f"{backend}: mining", file=sys.stderr)
+        before = loop_seconds()
         mined = run_mine(url, Path(f"bench/out/mine-{backend}"))
-        figures["stores"][backend] = {"store": store, "mine": mined}
+        figures["stores"][backend] = {"store": store, "mine": mined, "loop_seconds": [before, loop_seconds()]}
         print(json.dumps({backend: figures["stores"][backend]}, indent=2))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
