@@ -186,7 +186,7 @@ def build(url: str, calls: int, episodes: int) -> dict[str, Any]:
 
 def loop_seconds() -> float:
     """CPU seconds of a 10-million-step empty loop, the best of five: how fast this machine runs Python, so that runs on
-    machines of one kind (which differ by up to three times) can be compared."""
+    machines of one kind (which have differed by eleven times on it) can be compared."""
     best = float("inf")
     for _ in range(5):
         started = time.process_time()
