@@ -178,6 +178,7 @@ def _contexts(engine: Engine, calls: list[StoredCall]) -> dict[tuple[str, str], 
 
 
 _UNSAID = Conversation()  # a span that holds no conversation
+_UNREAD = ("execution_result",)  # no row holds a tool's result: up to 64 K characters each, 2,000 calls a batch
 
 # The GenAI conversation, extracted by the database as the text it was sent as, the stored-once text in its place
 # (decoding whole attributes, or having the database quote the text as JSON and decoding that, costs more)
@@ -217,7 +218,7 @@ def mine_part(engine: Engine, files: PartFiles, ends: tuple[int | None, int | No
     # its own (a server, before it forks) keeps them frozen: nothing is frozen or unfrozen here then.
     gc.disable()
     try:
-        for traces in iter_traces(engine, options.where, options.batch, ends):
+        for traces in iter_traces(engine, options.where, options.batch, ends, unread=_UNREAD):
             calls = [c for trace in traces for c in trace]
             result.stats["calls_read"] += len(calls)
             indexes = tools.for_calls(calls)

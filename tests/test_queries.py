@@ -128,6 +128,39 @@ def test_traces_come_whole_in_the_order_their_last_call_was_stored(db_url: str) 
     engine.dispose()
 
 
+def test_a_reader_leaves_a_tools_result_unread_when_asked(db_url: str) -> None:
+    """The miner reads every call and never a tool's result (up to 64 K characters each): with `unread` it is not
+    fetched, in the pages of calls and in the earlier calls of a trace a range reader looks up, and nothing else
+    changes."""
+    engine = make_engine(db_url)
+    upgrade(engine)
+    writer = SpanWriter(engine.dialect)
+    result = "a page of search results " * 2000  # 50,000 characters: kept whole
+    for n in range(3):
+        trace, chat_span, tool_span = f"{n + 1:032x}", f"{n + 1:08x}{'c' * 8}", f"{n + 1:08x}{'e' * 8}"
+        chat = chat_attributes([{"id": f"w{n}", "name": "get_weather", "arguments": {"city": "Oslo"}},
+                                {"id": f"v{n}", "name": "get_weather", "arguments": {"city": 7}}])
+        tool = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "get_weather",
+                "gen_ai.tool.call.id": f"w{n}", "gen_ai.tool.call.result": result}
+        _write(engine, writer, [make_span(trace, chat_span, "chat", chat, start_ns=1_700_000_000_000_000_000 + n),
+                                make_span(trace, tool_span, "execute_tool", tool, parent=chat_span)])
+    with engine.connect() as conn:
+        stored = queries.calls(conn)
+        assert {c.execution_result for c in stored if c.execution_status == "success"} == {result}
+        unread = queries.calls(conn, unread=("execution_result",))
+        assert [c._replace(execution_result=None) for c in stored] == unread
+        with pytest.raises(ValueError, match="not a field of StoredCall: result"):
+            queries.calls(conn, unread=("result",))
+    middle = (stored[0].id + 1, None)  # the first trace's first call lies before the range: looked up by its trace
+    for ends in ((None, None), middle):
+        every = [c for b in queries.iter_traces(engine, batch=2, ends=ends) for t in b for c in t]
+        left = [c for b in queries.iter_traces(engine, batch=2, ends=ends, unread=("execution_result",))
+                for t in b for c in t]
+        assert any(c.execution_result == result for c in every)
+        assert left == [c._replace(execution_result=None) for c in every]
+    engine.dispose()
+
+
 def test_a_filter_value_no_call_has_is_named(db_url: str) -> None:
     engine = _store(db_url)
     with engine.connect() as conn, pytest.raises(queries.FilterError, match="model 'llama-3.1-8b'.*llama3.1-8b"):

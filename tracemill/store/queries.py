@@ -4,13 +4,13 @@ nothing here writes (`committed_call_id` takes a lock, for a moment, to read).""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any, NamedTuple
 
 import orjson
-from sqlalchemy import ColumnElement, Connection, Engine, Select, String, and_, bindparam, func, or_, select, text
+from sqlalchemy import ColumnElement, Connection, Engine, Select, String, and_, bindparam, func, null, or_, select, text
 from sqlalchemy.exc import OperationalError
 
 from tracemill.spans import SpanRecord
@@ -131,9 +131,20 @@ class StoredCall(NamedTuple):
 _CALL_COLUMNS = tuple(getattr(C, name) for name in StoredCall._fields)
 
 
-def calls(conn: Connection, f: CallFilter = CallFilter(), limit: int | None = None) -> list[StoredCall]:
-    """The calls `f` selects, oldest first."""
-    statement = f.apply(select(*_CALL_COLUMNS)).order_by(C.id)
+def _call_columns(unread: Collection[str]) -> tuple[ColumnElement[Any], ...]:
+    """The columns of a `StoredCall`, those named in `unread` as NULL (a tool's result is up to 64 K characters: a
+    reader of a million calls that does not need them does not hold them)."""
+    if not unread:
+        return _CALL_COLUMNS
+    if unknown := set(unread) - set(StoredCall._fields):
+        raise ValueError(f"not a field of StoredCall: {', '.join(sorted(unknown))}")
+    return tuple(null().label(name) if name in unread else getattr(C, name) for name in StoredCall._fields)
+
+
+def calls(conn: Connection, f: CallFilter = CallFilter(), limit: int | None = None,
+          unread: Collection[str] = ()) -> list[StoredCall]:
+    """The calls `f` selects, oldest first; the fields named in `unread` are left None."""
+    statement = f.apply(select(*_call_columns(unread))).order_by(C.id)
     if limit is not None:
         statement = statement.limit(limit)
     return [StoredCall(*row) for row in conn.execute(statement)]
@@ -153,13 +164,15 @@ def iter_calls(engine: Engine, f: CallFilter = CallFilter(), batch: int = 5000) 
 
 
 def iter_traces(engine: Engine, f: CallFilter = CallFilter(), batch: int = 5000,
-                ends: tuple[int | None, int | None] = (None, None)) -> Iterator[list[list[StoredCall]]]:
+                ends: tuple[int | None, int | None] = (None, None),
+                unread: Collection[str] = ()) -> Iterator[list[list[StoredCall]]]:
     """The calls `f` selects, whole traces at a time (each trace's calls in the order they were made), the traces in
     the order their last call was stored. Calls are read in id order, the order the store holds them (on a store
     larger than memory, reads that follow its files instead of jumping about them), in pages of `batch` calls, each
     page its own short transaction; a trace is given once the page holding its last call has been read, about `batch`
     calls at a time. `ends` = (start, stop): only the traces whose last call's id is in [start, stop), so that readers
-    can share a store by ranges of ids; a trace's calls stored before `start` are looked up by its id."""
+    can share a store by ranges of ids; a trace's calls stored before `start` are looked up by its id. The fields
+    named in `unread` are left None (`calls`)."""
     start, stop = ends
     first_read = _highest(f.after_id, None if start is None else start - 1)  # pages hold ids after this one
     cursor, upper = first_read, _lowest(f.up_to_id, None if stop is None else stop - 1)
@@ -168,15 +181,15 @@ def iter_traces(engine: Engine, f: CallFilter = CallFilter(), batch: int = 5000,
     done: list[tuple[int, list[StoredCall]]] = []
     while True:
         with engine.connect() as conn:
-            page = calls(conn, CallFilter(**{**_as_kwargs(f), "after_id": cursor, "up_to_id": upper}), batch)
+            page = calls(conn, CallFilter(**{**_as_kwargs(f), "after_id": cursor, "up_to_id": upper}), batch, unread)
             seen = sorted({c.trace_id for c in page} - spans.keys())
             if seen:
                 spans.update(_trace_spans(conn, f, seen))
             mine = [t for t in seen if _ends_in(spans[t][1], start, stop)]
             begun = [t for t in mine if first_read is not None and spans[t][0] <= first_read]
             if begun:  # traces this reader gives that began before its first page
-                for call in conn.execute(f.apply(select(*_CALL_COLUMNS)).where(C.trace_id.in_(begun),
-                                                                               C.id <= first_read).order_by(C.id)):
+                earlier = f.apply(select(*_call_columns(unread))).where(C.trace_id.in_(begun), C.id <= first_read)
+                for call in conn.execute(earlier.order_by(C.id)):
                     reading.setdefault(call.trace_id, []).append(StoredCall(*call))
         for t in mine:
             reading.setdefault(t, [])
