@@ -22,7 +22,8 @@ SCHEMA = pa.schema([
 
 
 GROUP_ROWS = 1_000  # rows per row group: few enough groups that the file's metadata stays small
-GROUP_BYTES = 32 << 20  # and at most about this much: a row holds a whole conversation, which can reach megabytes
+GROUP_BYTES = 4 << 20  # and at most about this much: a row holds a whole conversation, which can reach megabytes,
+# and a group is held as rows, as a table and as pages while it is written (32 MB groups of 200 KB rows: +200 MB)
 BATCH_ROWS, BATCH_BYTES = 250, 4 << 20  # rows kept as Python objects before they are made an Arrow batch
 
 
@@ -66,8 +67,9 @@ class RowWriter:
         written so far."""
         self._batch()
         start = 0
+        rows = max(1, min(BATCH_ROWS, BATCH_BYTES * len(sizes) // max(1, sum(sizes))))  # of the part's mean size
         with pq.ParquetFile(path, pre_buffer=False) as part:
-            for batch in part.iter_batches(batch_size=500, use_threads=False):
+            for batch in part.iter_batches(batch_size=rows, use_threads=False):
                 flags, lengths = kept[start:start + batch.num_rows], sizes[start:start + batch.num_rows]
                 start += batch.num_rows
                 if not all(flags):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import gc
 import hashlib
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -169,16 +169,48 @@ def _contexts(engine: Engine, calls: list[StoredCall]) -> dict[tuple[str, str], 
                 rows = by_span_keys(conn, select(SpanRow.trace_id, SpanRow.span_id, SpanRow.attributes), sorted(others))
                 said = {(r.trace_id, r.span_id): {k: v for k, v in (r.attributes or {}).items() if is_conversation(k)}
                         for r in rows}
-                found.update((key, Conversation(span_messages(a))) for key, a in resolve_all(conn, said).items())
+                found.update((key, _encoded(span_messages(a))) for key, a in resolve_all(conn, said).items())
             unsaid = {key for key in chunk if key not in found or not found[key].messages}
             if unsaid:  # the messages may have come as the span's log events
-                found.update((key, Conversation(event_messages(said)))
-                             for key, said in stored_events(conn, unsaid).items())
+                found.update((key, _encoded(event_messages(said))) for key, said in stored_events(conn, unsaid).items())
     return found
+
+
+def _encoded(messages: list[Any]) -> Conversation:
+    """Messages read from another convention than GenAI's, with their JSON (its length is what `_Conversations`
+    counts, and a span's calls share it)."""
+    return Conversation(messages, orjson.dumps(messages, default=str).decode())
 
 
 _UNSAID = Conversation()  # a span that holds no conversation
 _UNREAD = ("execution_result",)  # no row holds a tool's result: up to 64 K characters each, 2,000 calls a batch
+_Chosen = tuple[str, StoredCall, tuple[StoredCall, ...] | None]  # a row to make: its split, its call, its repair
+
+
+class _Conversations:
+    """The conversations of chosen calls, read a slice of calls at a time and let go when the slice is done. A slice
+    holds up to `CHARS` characters of conversation, about: real agent contexts reach hundreds of KB each, and a
+    batch's at once came to gigabytes. The slice size carries over from batch to batch, doubling while the slices
+    read stay under half of `CHARS` (a query for every few calls costs time where conversations are short)."""
+
+    CHARS = 4 << 20
+    FIRST, MOST = 64, 512
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.calls = self.FIRST
+
+    def along(self, chosen: list[_Chosen]) -> Iterator[tuple[_Chosen, Conversation]]:
+        start = 0
+        while start < len(chosen):
+            part = chosen[start:start + self.calls]
+            start += len(part)
+            found = _contexts(self.engine, [call for _, call, _ in part])
+            for item in part:
+                yield item, found.get((item[1].trace_id, item[1].span_id), _UNSAID)
+            chars = sum(len(c.text) for c in found.values() if c.text is not None)
+            self.calls = max(1, min(self.MOST, 2 * self.calls, len(part) * self.CHARS // max(chars, 1)))
+
 
 # The GenAI conversation, extracted by the database as the text it was sent as, the stored-once text in its place
 # (decoding whole attributes, or having the database quote the text as JSON and decoding that, costs more)
@@ -209,8 +241,9 @@ def mine_part(engine: Engine, files: PartFiles, ends: tuple[int | None, int | No
     them)."""
     result = PartResult()
     tools = _Tools(engine)
+    conversations = _Conversations(engine)
     collecting, frozen = gc.isenabled(), gc.get_freeze_count() > 0
-    # a batch's calls, readings and conversations are hundreds of thousands of objects, alive until its rows are
+    # a batch's calls, readings and repairs are hundreds of thousands of objects, alive until its rows are
     # written, and the caches and sets that outlive it grow batch by batch: the cyclic collector scanned both over and
     # over (a sixth of the CPU). It is paused for the batch and collects once at its end (the cycles a batch leaves,
     # ast.literal_eval's closures among them); what outlives the batch is frozen, left out of later collections (caches
@@ -229,7 +262,7 @@ def mine_part(engine: Engine, files: PartFiles, ends: tuple[int | None, int | No
                     found = readings[call.id] = read(call.raw, indexes[call.toolset_id])  # type: ignore[index]
                 return found
 
-            chosen: list[tuple[str, StoredCall, tuple[StoredCall, ...] | None]] = []
+            chosen: list[_Chosen] = []
             for trace in traces:
                 repairs = find_repairs(trace, indexes, reading)
                 split = "eval" if _in_eval(trace, options) else "train"
@@ -242,10 +275,8 @@ def mine_part(engine: Engine, files: PartFiles, ends: tuple[int | None, int | No
                         result.links.update((c.id, call.id) for c in repair.calls)
                     if call.failed or unit(options.seed, "valid", str(call.id)) < options.valid_rate:
                         chosen.append((split, call, repair.calls if repair is not None else None))
-            contexts = _contexts(engine, [c for _, c, _ in chosen])
             reviews = _reviews(engine, [c.id for _, c, _ in chosen if c.failed])
-            for split, call, repair in chosen:
-                context = contexts.get((call.trace_id, call.span_id), _UNSAID)
+            for (split, call, repair), context in conversations.along(chosen):
                 index = indexes[call.toolset_id]  # type: ignore[index]
                 read_as = reading(call)
                 reference = reference_for(call, index, context.messages, reviews.get(call.id), repair, read_as)
@@ -255,7 +286,7 @@ def mine_part(engine: Engine, files: PartFiles, ends: tuple[int | None, int | No
             if progress is not None:
                 progress(len(calls))
             readings.clear()
-            del calls, chosen, contexts
+            del calls, chosen
             gc.collect()
             if not frozen:
                 gc.freeze()

@@ -116,16 +116,21 @@ def test_failures_rank_the_injected_modes_in_the_order_of_their_rates(start_coll
 
 
 def test_the_export_loads_with_datasets_is_deterministic_and_never_splits_a_trace(start_collector, db_url: str,
-                                                                                tmp_path: Path) -> None:
+                                                                                tmp_path: Path, monkeypatch) -> None:
     from datasets import load_dataset
+
+    from tracemill.miner.part import _Conversations
 
     collector = start_collector(db_url)
     simulate(collector.url, traces=120, seed=9, profile="gemma3-27b", start_ns=START_NS)
     first = _mine(db_url, tmp_path / "a", "--eval-share", "0.3", "--workers", "1")
     second = _mine(db_url, tmp_path / "b", "--eval-share", "0.3", "--workers", "3")  # another split of the work
-    assert first["content_hash"] == second["content_hash"]
+    monkeypatch.setattr(_Conversations, "CHARS", 1)  # conversations read one call at a time, as very long ones are
+    third = _mine(db_url, tmp_path / "c", "--eval-share", "0.3", "--workers", "1")
+    assert first["content_hash"] == second["content_hash"] == third["content_hash"]
     for name in ("train.jsonl", "eval.jsonl", "train.parquet", "eval.parquet"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "c" / name).read_bytes()
 
     train, evaluation = _rows(tmp_path / "a", "train"), _rows(tmp_path / "a", "eval")
     assert train and evaluation
@@ -147,7 +152,7 @@ def test_the_export_loads_with_datasets_is_deterministic_and_never_splits_a_trac
     done = CliRunner().invoke(main, ["eval", "--cases", files["eval"], "--reviser", "rules", "--json"])
     assert done.exit_code == 0 and json.loads(done.output)["cases"] == len(evaluation)
 
-    later = _mine(db_url, tmp_path / "c", "--eval-after", "2000-01-01")  # every trace began after it: all eval
+    later = _mine(db_url, tmp_path / "d", "--eval-after", "2000-01-01")  # every trace began after it: all eval
     assert later["splits"]["train"]["rows"] == 0 and later["splits"]["eval"]["rows"] > 0
 
 
