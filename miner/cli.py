@@ -11,9 +11,11 @@ from typing import Any
 
 import click
 
-from tracemill.rates import percent
+from tracemill.rates import percent, rate, sparkline
 from tracemill.store.cli import DATE, call_filter_options, database_option, read_store
 from tracemill.store.queries import CallFilter
+
+TREND_BARS = 15  # a month in two-day bars: an 80-column terminal keeps the counts and rates beside them
 
 
 def _split(value: str) -> tuple[str, ...]:
@@ -56,14 +58,23 @@ def failures(db_url: str | None, where: CallFilter, since: datetime | None, unti
         return
     days = list(report.calls_by_day)
     heads = ["mode", "calls", "share", "trend per day", "models", "harness versions"]
-    body = []
-    for m in report.modes:
-        trend = " ".join(percent(m.by_day.get(d, 0) / n if n else None) for d, n in report.calls_by_day.items())
-        body.append([m.label, str(m.count), percent(m.share), trend, _split_counts(m.by_model),
-                     _split_counts(m.by_harness)])
+    body = [[m.label, str(m.count), percent(m.share), _trend(m.by_day, report.calls_by_day),
+             _split_counts(m.by_model), _split_counts(m.by_harness)] for m in report.modes]
     title = (f"{report.failed_calls} of {report.total_calls} calls failed"
              + (f"; days {days[0]} .. {days[-1]}" if days else ""))
-    _print_table(title, heads, body, markdown)
+    _print_table(title, heads, body, markdown, folding={0, 4, 5})
+
+
+def _trend(by_day: dict[str, int], calls_by_day: dict[str, int], bars: int = TREND_BARS) -> str:
+    """A mode's rate day by day as a sparkline (consecutive days grouped where there are more than `bars`), then its
+    rate on the first and on the last of them; every day's count is in --json."""
+    days = list(calls_by_day)
+    if not days:
+        return ""
+    size = -(-len(days) // bars)
+    runs = [days[i:i + size] for i in range(0, len(days), size)]
+    rates = [rate(sum(by_day.get(d, 0) for d in run), sum(calls_by_day[d] for d in run)) for run in runs]
+    return f"{sparkline(rates)} {percent(rates[0])}→{percent(rates[-1])}"
 
 
 def _split_counts(counts: dict[str, int]) -> str:
@@ -78,12 +89,15 @@ def _print_comparison(rows: list[Any], versions: tuple[str, str], as_json: bool,
     heads = ["mode", f"{a} rate", f"{b} rate", "p-value", "change"]
     body = [[r.label, f"{percent(r.rate_a)} ({r.count_a}/{r.calls_a})",
              f"{percent(r.rate_b)} ({r.count_b}/{r.calls_b})", f"{r.p_value:.2g}", r.change] for r in rows]
-    _print_table(f"harness {a} against {b}", heads, body, markdown)
+    _print_table(f"harness {a} against {b}", heads, body, markdown, folding={0})
 
 
-def _print_table(title: str, heads: list[str], body: list[list[str]], markdown: bool) -> None:
+def _print_table(title: str, heads: list[str], body: list[list[str]], markdown: bool, folding: set[int]) -> None:
+    """A rich table, or Markdown; the columns in `folding` (labels, lists) fold where the terminal is narrow, the
+    others (counts, rates, trends) are kept whole."""
     if markdown:
-        lines = ["| " + " | ".join(heads) + " |", "| --- |" + " ---: |" * (len(heads) - 1)]
+        lines = ["| " + " | ".join(heads) + " |",
+                 "| " + " | ".join("---" if i in folding else "---:" for i in range(len(heads))) + " |"]
         lines += ["| " + " | ".join(row) + " |" for row in body]
         click.echo("\n".join(lines))
         return
@@ -92,7 +106,7 @@ def _print_table(title: str, heads: list[str], body: list[list[str]], markdown: 
 
     table = Table(title=title)
     for i, head in enumerate(heads):
-        table.add_column(head, justify="left" if i == 0 else "right", no_wrap=i == 0, overflow="fold")
+        table.add_column(head, justify="left" if i in folding else "right", no_wrap=i not in folding, overflow="fold")
     for row in body:
         table.add_row(*row)
     Console().print(table)

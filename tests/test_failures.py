@@ -6,6 +6,7 @@ calls a real drop significant and noise not."""
 from __future__ import annotations
 
 import json
+import re
 
 from click.testing import CliRunner
 from sqlalchemy import func, select, update
@@ -13,7 +14,9 @@ from sqlalchemy import func, select, update
 from tracemill.cli import main
 from tracemill.collector.decode import Limits, decode_protobuf
 from tracemill.collector.persist import SpanWriter
+from tracemill.miner.cli import _trend
 from tracemill.miner.failures import FailureCounts, compare_harness, failure_modes, failure_report, two_proportion_test
+from tracemill.rates import sparkline
 from tracemill.store import traces
 from tracemill.store.engine import make_engine
 from tracemill.store.migrate import upgrade
@@ -120,16 +123,29 @@ def test_two_proportion_test_matches_the_textbook_value() -> None:
     assert two_proportion_test(0, 0, 3, 10) == (0.0, 1.0)
 
 
+def test_a_trend_is_drawn_from_zero_to_the_modes_highest_daily_rate() -> None:
+    assert sparkline([0.1, 0.2, None, 0.4]) == "▃▅ █"
+    assert sparkline([0.005] * 3) == "███"  # a steady rate is level, its noise not drawn tall
+    assert sparkline([0.0, 0.0]) == "▁▁"
+    days = {f"2026-06-{d:02}": 10 for d in range(1, 31)}
+    rising = {day: n // 3 for n, day in enumerate(days)}  # 0 to 9 failed of 10 calls a day
+    assert _trend(rising, days) == "▁▁▁▂▃▃▄▅▅▆▆▇███ 0.0%→90.0%"  # thirty days in fifteen two-day bars
+
+
 def test_the_command_prints_a_table_json_markdown_and_a_comparison(sqlite_url: str) -> None:
     _store(sqlite_url, {"v1": [(GOOD, 8), (WRONG_TYPE, 2)], "v2": [(GOOD, 9), (UNKNOWN_TOOL, 1)]})
     runner = CliRunner()
-    table = runner.invoke(main, ["failures", "--db", sqlite_url])
+    table = runner.invoke(main, ["failures", "--db", sqlite_url], env={"COLUMNS": "80"})
     assert table.exit_code == 0, table.output
     assert "wrong_type" in table.output and "unknown_tool" in table.output
+    # at 80 columns the labels and lists fold; each mode's count, share and trend stay whole on its first line
+    assert re.search(r"│ +2 │ 10\.0% │ ██ 10\.0%→10\.0% │", table.output), table.output
+    assert re.search(r"│ +1 │  5\.0% │  █▁ 10\.0%→0\.0% │", table.output), table.output
     as_json = json.loads(runner.invoke(main, ["failures", "--db", sqlite_url, "--json"]).output)
     assert as_json["total_calls"] == 20 and as_json["modes"][0]["count"] == 2
     markdown = runner.invoke(main, ["failures", "--db", sqlite_url, "--markdown", "--harness", "v1"]).output
     assert markdown.startswith("| mode |") and "unknown_tool" not in markdown
+    assert "| get_weather · schema · wrong_type · /arguments/city | 2 | 20.0% | ██ 20.0%→20.0% |" in markdown
     compared = runner.invoke(main, ["failures", "--db", sqlite_url, "--compare", "v1", "v2", "--json"])
     assert {r["label"] for r in json.loads(compared.output)["modes"]} == {
         "get_weather · schema · wrong_type · /arguments/city", "get_wether · tool_name · unknown_tool · /name"}
