@@ -189,8 +189,8 @@ _Chosen = tuple[str, StoredCall, tuple[StoredCall, ...] | None]  # a row to make
 
 class _Conversations:
     """The conversations of chosen calls, read a slice of calls at a time and let go when the slice is done. A slice
-    holds up to `CHARS` characters of conversation, about: real agent contexts reach hundreds of KB each, and a
-    batch's at once came to gigabytes. The slice size carries over from batch to batch, doubling while the slices
+    holds about `CHARS` characters of conversation at most: real agent contexts reach hundreds of KB each, and a
+    batch's all at once came to gigabytes. The slice size carries over from batch to batch, doubling while the slices
     read stay under half of `CHARS` (a query for every few calls costs time where conversations are short)."""
 
     CHARS = 4 << 20
