@@ -23,9 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-from mine import build, loop_seconds, run_mine
-
 from tracemill.collector.normalize import RESULT_LIMIT
+
+from mine import build, loop_seconds, run_mine
 
 MESSAGES = '"gen_ai.input.messages"'
 
