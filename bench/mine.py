@@ -233,6 +233,27 @@ def run_mine(url: str, out: Path) -> dict[str, Any]:
             "repairs_linked": card["repairs_linked"]}
 
 
+def machine() -> dict[str, Any]:
+    return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
+
+
+def measure(url: str, store: dict[str, Any], out: Path) -> dict[str, Any]:
+    """A built store (`store`: what `build` said of it) mined by `run_mine` into `out`, with how fast the machine ran
+    Python before and after (`loop_seconds`); printed as it comes."""
+    backend = make_url(url).get_backend_name()
+    print(f"{backend}: mining", file=sys.stderr)
+    before = loop_seconds()
+    figures = {"store": store, "mine": run_mine(url, out), "loop_seconds": [before, loop_seconds()]}
+    print(json.dumps({backend: figures}, indent=2))
+    return figures
+
+
+def save(figures: dict[str, Any], path: Path | None) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(figures, indent=2) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--db", action="append", required=True, help="a store URL (repeat for several)")
@@ -240,20 +261,13 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=3000, help="base corpus: episodes per profile")
     parser.add_argument("--out", type=Path, help="write the figures here as JSON")
     args = parser.parse_args()
-    figures: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                                           "platform": platform.platform()}, "stores": {}}
+    figures: dict[str, Any] = {"machine": machine(), "stores": {}}
     for url in args.db:
         backend = make_url(url).get_backend_name()
         print(f"{backend}: building {args.calls} calls", file=sys.stderr)
         store = build(url, args.calls, args.episodes)
-        print(f"{backend}: mining", file=sys.stderr)
-        before = loop_seconds()
-        mined = run_mine(url, Path(f"bench/out/mine-{backend}"))
-        figures["stores"][backend] = {"store": store, "mine": mined, "loop_seconds": [before, loop_seconds()]}
-        print(json.dumps({backend: figures["stores"][backend]}, indent=2))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(figures, indent=2) + "\n")
+        figures["stores"][backend] = measure(url, store, Path(f"bench/out/mine-{backend}"))
+    save(figures, args.out)
 
 
 if __name__ == "__main__":

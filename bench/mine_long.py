@@ -31,7 +31,7 @@ from sqlalchemy.engine import make_url
 from tracemill.collector.normalize import RESULT_LIMIT
 from tracemill.store.engine import make_engine
 
-from mine import build, loop_seconds, run_mine
+from mine import build, machine, measure, save
 
 MESSAGES = "gen_ai.input.messages"
 
@@ -97,7 +97,7 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=3000, help="base corpus: episodes per profile")
     parser.add_argument("--out", type=Path, help="write the figures here as JSON")
     args = parser.parse_args()
-    figures: dict[str, Any] = {"stores": {}}
+    figures: dict[str, Any] = {"machine": machine(), "stores": {}}
     for url in args.db or [f"sqlite:///{Path('bench/out/mine-long.db').resolve()}"]:
         backend = make_url(url).get_backend_name()
         fresh(url)
@@ -106,14 +106,8 @@ def main() -> None:
         started = time.perf_counter()
         built.update(lengthen(url, args.context_chars), lengthen_seconds=round(time.perf_counter() - started, 1),
                      context_chars=args.context_chars, result_chars=RESULT_LIMIT)
-        print(f"{backend}: mining", file=sys.stderr)
-        before = loop_seconds()
-        mined = run_mine(url, Path(f"bench/out/mine-long-{backend}"))
-        figures["stores"][backend] = {"store": built, "mine": mined, "loop_seconds": [before, loop_seconds()]}
-        print(json.dumps({backend: figures["stores"][backend]}, indent=2))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(figures, indent=2) + "\n")
+        figures["stores"][backend] = measure(url, built, Path(f"bench/out/mine-long-{backend}"))
+    save(figures, args.out)
 
 
 if __name__ == "__main__":
