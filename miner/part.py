@@ -242,6 +242,13 @@ def mine_part(engine: Engine, files: PartFiles, ends: tuple[int | None, int | No
     result = PartResult()
     tools = _Tools(engine)
     conversations = _Conversations(engine)
+    readings: dict[int, Reading] = {}  # a batch's: each output read once, for its repair, reference and prompt
+
+    def reading(call: StoredCall) -> Reading:
+        if (found := readings.get(call.id)) is None:
+            found = readings[call.id] = read(call.raw, tools.indexes[call.toolset_id])  # type: ignore[index]
+        return found
+
     collecting, frozen = gc.isenabled(), gc.get_freeze_count() > 0
     # a batch's calls, readings and repairs are hundreds of thousands of objects, alive until its rows are
     # written, and the caches and sets that outlive it grow batch by batch: the cyclic collector scanned both over and
@@ -255,13 +262,6 @@ def mine_part(engine: Engine, files: PartFiles, ends: tuple[int | None, int | No
             calls = [c for trace in traces for c in trace]
             result.stats["calls_read"] += len(calls)
             indexes = tools.for_calls(calls)
-            readings: dict[int, Reading] = {}
-
-            def reading(call: StoredCall) -> Reading:  # each output read once, for its repair, reference and prompt
-                if (found := readings.get(call.id)) is None:
-                    found = readings[call.id] = read(call.raw, indexes[call.toolset_id])  # type: ignore[index]
-                return found
-
             chosen: list[_Chosen] = []
             for trace in traces:
                 repairs = find_repairs(trace, indexes, reading)
