@@ -154,25 +154,21 @@ class _Tools:
 
 
 def _contexts(engine: Engine, calls: list[StoredCall]) -> dict[tuple[str, str], Conversation]:
-    """The conversation of each call's span (`miner.conversation`); of the values stored once, only the conversations
-    are read."""
+    """The conversation of each call's span (`miner.conversation`), `_Conversations.MOST` calls at most, each lookup one
+    statement; of the values stored once, only the conversations are read."""
     keys = list(dict.fromkeys((c.trace_id, c.span_id) for c in sorted(calls, key=attrgetter("id"))))  # the order stored
-    found: dict[tuple[str, str], Conversation] = {}
     with engine.connect() as conn:
-        for start in range(0, len(keys), 500):
-            chunk = keys[start:start + 500]
-            rows = by_span_keys(conn, _GENAI_CONVERSATION, chunk)
-            found.update(((r.trace_id, r.span_id), genai_conversation(r.messages)) for r in rows
-                         if r.messages is not None)
-            others = set(chunk) - found.keys()
-            if others:  # another convention: read the span's attributes
-                rows = by_span_keys(conn, select(SpanRow.trace_id, SpanRow.span_id, SpanRow.attributes), sorted(others))
-                said = {(r.trace_id, r.span_id): {k: v for k, v in (r.attributes or {}).items() if is_conversation(k)}
-                        for r in rows}
-                found.update((key, _encoded(span_messages(a))) for key, a in resolve_all(conn, said).items())
-            unsaid = {key for key in chunk if key not in found or not found[key].messages}
-            if unsaid:  # the messages may have come as the span's log events
-                found.update((key, _encoded(event_messages(said))) for key, said in stored_events(conn, unsaid).items())
+        rows = by_span_keys(conn, _GENAI_CONVERSATION, keys)
+        found = {(r.trace_id, r.span_id): genai_conversation(r.messages) for r in rows if r.messages is not None}
+        others = set(keys) - found.keys()
+        if others:  # another convention: read the span's attributes
+            rows = by_span_keys(conn, select(SpanRow.trace_id, SpanRow.span_id, SpanRow.attributes), sorted(others))
+            said = {(r.trace_id, r.span_id): {k: v for k, v in (r.attributes or {}).items() if is_conversation(k)}
+                    for r in rows}
+            found.update((key, _encoded(span_messages(a))) for key, a in resolve_all(conn, said).items())
+        unsaid = {key for key in keys if key not in found or not found[key].messages}
+        if unsaid:  # the messages may have come as the span's log events
+            found.update((key, _encoded(event_messages(said))) for key, said in stored_events(conn, unsaid).items())
     return found
 
 
@@ -194,7 +190,7 @@ class _Conversations:
     read stay under half of `CHARS` (a query for every few calls costs time where conversations are short)."""
 
     CHARS = 4 << 20
-    FIRST, MOST = 64, 512
+    FIRST, MOST = 64, 500  # MOST: the keys one lookup statement binds
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine

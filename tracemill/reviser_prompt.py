@@ -133,10 +133,13 @@ def _near_miss(name: str, offered: tuple[str, ...]) -> str | None:
     return (match_tool(name, dict.fromkeys(offered)) or (None, ""))[0]  # type: ignore[arg-type]
 
 
+_CACHED_REQUEST_CHARS = 2048
+
+
 def _request_words(request: str) -> frozenset[str]:
     """A conversation's request comes back with each of its calls: the words of a short one are kept (4,096 pasted
     documents of 200 KB each would be most of a gigabyte)."""
-    return _short_request_words(request) if len(request) <= 2048 else frozenset(_words(request))
+    return _short_request_words(request) if len(request) <= _CACHED_REQUEST_CHARS else frozenset(_words(request))
 
 
 @lru_cache(maxsize=4096)
