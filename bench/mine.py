@@ -151,13 +151,11 @@ def _copy(engine: Engine, target_calls: int) -> None:
 def _prefix(calls: list[dict[str, Any]], take: int) -> list[str]:
     """Whole traces, in order, holding about `take` calls."""
     chosen: list[str] = []
-    taken = 0
-    for c in sorted(calls, key=lambda c: c["trace_id"]):
+    for taken, c in enumerate(sorted(calls, key=lambda c: c["trace_id"])):
         if not chosen or chosen[-1] != c["trace_id"]:
             if taken >= take:
                 break
             chosen.append(c["trace_id"])
-        taken += 1
     return chosen
 
 

@@ -132,7 +132,7 @@ class Connection:
 
 def _summary(latencies: list[float]) -> dict[str, float]:
     ordered = sorted(latencies)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(len(ordered) * q))] * 1000  # noqa: E731
+    pick = lambda q: ordered[min(len(ordered) - 1, int(len(ordered) * q))] * 1000
     return {"requests": len(ordered), "p50_ms": statistics.median(ordered) * 1000, "p90_ms": pick(0.9),
             "p99_ms": pick(0.99), "max_ms": ordered[-1] * 1000}
 

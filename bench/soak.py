@@ -52,11 +52,11 @@ from ingest import Bodies, machine
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from tracemill.otlp import PartialSuccess, partial_success  # noqa: E402
-from tracemill.store.engine import make_engine  # noqa: E402
-from tracemill.store.migrate import upgrade  # noqa: E402
+from tracemill.otlp import PartialSuccess, partial_success
+from tracemill.store.engine import make_engine
+from tracemill.store.migrate import upgrade
 
-from support import CollectorProcess, SlowUpload, chat_attributes, export_request, make_span, refused_connections  # noqa: E402
+from support import CollectorProcess, SlowUpload, chat_attributes, export_request, make_span, refused_connections
 
 ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 POISON_PER_BATCH = 2

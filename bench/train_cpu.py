@@ -190,13 +190,14 @@ def _cell(values: list[float | None]) -> str:
 def markdown(summary: dict[str, Any]) -> str:
     """The report's tables: each figure's mean over seeds, and each seed's value, after each stage."""
     results = summary["results"]
-    lines = [f"seeds {', '.join(map(str, summary['seeds']))}; {summary['sft_steps']} warm-up steps, "
-             f"{summary['grpo_steps']} GRPO steps; {summary['seconds'] / 60:.1f} minutes in all", ""]
+    lines = [(f"seeds {', '.join(map(str, summary['seeds']))}; {summary['sft_steps']} warm-up steps, "
+              f"{summary['grpo_steps']} GRPO steps; {summary['seconds'] / 60:.1f} minutes in all"), ""]
     for part, title in (("all", "every eval row"), ("held_out", f"rows with a held-out kind ({', '.join(HELD_OUT)})"),
                         ("warmed_up_faults", "faulty rows whose kinds the warm-up saw")):
         rows = results[0]["sft"][part]["rows"]
-        lines += [f"The model alone, {title} ({rows} rows):", "", "| after | verified ok | reference match | "
-                  "invalid inputs copied | valid inputs changed |", "| --- | ---: | ---: | ---: | ---: |"]
+        lines += [f"The model alone, {title} ({rows} rows):", "",
+                  "| after | verified ok | reference match | invalid inputs copied | valid inputs changed |",
+                  "| --- | ---: | ---: | ---: | ---: |"]
         for stage, label in (("sft", "warm-up (SFT)"), ("grpo", "GRPO")):
             cells = [_cell([r[stage][part][key] for r in results])
                      for key in ("verified_ok", "reference_match", "invalid_copied", "valid_changed")]

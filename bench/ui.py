@@ -25,20 +25,20 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from sqlalchemy import Engine  # noqa: E402
-from sqlalchemy.orm import Session  # noqa: E402
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
 
-from tracemill.miner.failures import FailureCounts, failure_report  # noqa: E402
-from tracemill.serving import deployments  # noqa: E402
-from tracemill.settings import Settings  # noqa: E402
-from tracemill.simulate import simulate  # noqa: E402
-from tracemill.store import learning, queries, traces  # noqa: E402
-from tracemill.store.engine import make_engine  # noqa: E402
-from tracemill.store.migrate import upgrade  # noqa: E402
-from tracemill.store.tables import utcnow  # noqa: E402
-from tracemill.ui import decide, queue  # noqa: E402
+from tracemill.miner.failures import FailureCounts, failure_report
+from tracemill.serving import deployments
+from tracemill.settings import Settings
+from tracemill.simulate import simulate
+from tracemill.store import learning, queries, traces
+from tracemill.store.engine import make_engine
+from tracemill.store.migrate import upgrade
+from tracemill.store.tables import utcnow
+from tracemill.ui import decide, queue
 
-from support import CollectorProcess  # noqa: E402
+from support import CollectorProcess
 
 RECOUNT = 20_000  # the newest ids the Failure modes page counts again on each visit (FailureCounts.update)
 _SPAN_COLUMNS = ("trace_id, span_id, parent_span_id, name, kind, start_time_ns, end_time_ns, status_code, "

@@ -14,6 +14,7 @@ it (a run killed outright leaves its hidden folder, which the next run to the sa
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import shutil
 import tempfile
@@ -162,7 +163,7 @@ def _ranges(engine: Engine, where: CallFilter, workers: int) -> list[tuple[int |
     if low is None:
         return [(None, None)]
     bounds = [None, *(low + (high + 1 - low) * n // workers for n in range(1, workers)), None]
-    return list(zip(bounds[:-1], bounds[1:], strict=True))
+    return list(itertools.pairwise(bounds))
 
 
 def _run_parts(engine: Engine, first: PartFiles, options: PartOptions, workers: int,
@@ -247,8 +248,8 @@ def _merge(first: PartFiles, parts: int) -> tuple[dict[str, Any], int, str]:
                             **{k: dict(sorted(c.items())) for k, c in counts.items()}}
         content.update(f"{split}:{summaries[split]['sha256']}\n".encode())
     with ThreadPoolExecutor(2 * len(SPLITS)) as pool:
-        copies = [pool.submit(_copy_lines, work, split, kept, lengths) for split, (kept, lengths) in masks.items()]
-        copies += [pool.submit(_extend_parquet, first, split, kept, lengths) for split, (kept, lengths) in masks.items()]
+        copies = [pool.submit(_copy_lines, work, split, *masks[split]) for split in SPLITS]
+        copies += [pool.submit(_extend_parquet, first, split, *masks[split]) for split in SPLITS]
         for copy in copies:
             copy.result()
     for split in SPLITS:

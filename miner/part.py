@@ -107,8 +107,9 @@ class PartFiles:
         self.seen: dict[str, set[str]] = {split: set() for split in SPLITS}
         for split in SPLITS:
             lines, meta, parquet = part_files(folder, part, split)
-            # a row is a line of about 9 KB: with the default 8 KB buffer each was its own write(2)
-            self.lines[split] = (open(lines, "wb", buffering=1 << 20), open(meta, "wb"))
+            # a row is a line of about 9 KB: with the default 8 KB buffer each was its own write(2). The files
+            # outlive this call: `close_lines` closes them
+            self.lines[split] = (open(lines, "wb", buffering=1 << 20), open(meta, "wb"))  # noqa: SIM115
             self.parquet[split] = RowWriter(parquet)
 
     def write(self, split: str, row: dict[str, Any], key: str) -> bool:

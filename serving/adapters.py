@@ -8,7 +8,6 @@ reloading a name in place would keep the prefix cache of the weights it replaced
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -47,7 +46,7 @@ class Adapters:
             async with self._session().request(method, url, json=body,
                                                timeout=aiohttp.ClientTimeout(total=120)) as response:
                 return _Reply(response.status, await response.text())
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             raise AdapterError(f"{url}: {type(exc).__name__}: {exc}") from None
 
     async def _post(self, path: str, body: dict[str, str]) -> _Reply:

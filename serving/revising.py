@@ -30,7 +30,7 @@ UNCHANGED, REVISED, PARTIAL, REFUSED = "unchanged", "revised", "partial", "refus
 
 # Where text may start holding a call: tags, fences, JSON, a ReAct action, `name(` (checked against the tools).
 _MARKER = re.compile(r"<(?:tool_calls?|tool_code|function|function_call|functioncall|tools)\b|<\|python_start\|>"
-                     r"|<\|python_tag\|>|<\|tool_call\|>|```|[{\[]|^[ \t]*Action[ \t]*:", re.M)
+                     r"|<\|python_tag\|>|<\|tool_call\|>|```|[{\[]|^[ \t]*Action[ \t]*:", re.MULTILINE)
 _CALL = re.compile(r"(?<![\w.])([A-Za-z_][\w.]*)[ \t]*\(")
 _PARTIAL = re.compile(r"(?:<[\w|=]*|`{1,2}|[\w.]+[ \t]*)$")  # the end of text that may grow into a marker
 

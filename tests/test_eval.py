@@ -2,6 +2,7 @@ import json
 import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import pytest
 from click.testing import CliRunner
@@ -126,7 +127,7 @@ def test_bfcl_ast_agreement_uses_bfcl_normalisation():
 
 
 class _FixedCompletion(BaseHTTPRequestHandler):
-    requests: list = []
+    requests: ClassVar[list] = []
     content = ""
 
     def do_POST(self):

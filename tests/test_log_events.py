@@ -181,7 +181,7 @@ def test_a_span_and_its_events_written_at_once_by_two_writers_are_joined(db_url:
             start.wait()
             try:
                 write(*args)
-            except BaseException as exc:  # noqa: BLE001 - reported below
+            except BaseException as exc:  # reported below
                 errors.append(exc)
 
         threads = [

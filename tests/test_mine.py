@@ -6,6 +6,7 @@ nothing half-written."""
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import threading
 from collections import Counter
@@ -402,7 +403,7 @@ def test_the_parquet_file_is_the_same_however_many_parts_its_rows_came_in(tmp_pa
         first = RowWriter(tmp_path / f"{name}.parquet")
         for row in rows[:bounds[1]]:
             first.add(row, len(json.dumps(row)))
-        for n, (a, b) in enumerate(zip(bounds[1:-1], bounds[2:], strict=True)):
+        for n, (a, b) in enumerate(itertools.pairwise(bounds[1:])):
             part = RowWriter(tmp_path / f"{name}-{n}.parquet")
             for row in rows[a:b]:
                 part.add(row, len(json.dumps(row)))

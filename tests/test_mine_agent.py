@@ -10,7 +10,7 @@ import threading
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from click.testing import CliRunner
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
@@ -137,10 +137,10 @@ def test_findings_are_merged_by_key_and_expire(db_url: str, tmp_path: Path) -> N
 class _Endpoint(BaseHTTPRequestHandler):
     """An OpenAI-compatible chat endpoint answering from a script: a tool call, then an answer."""
 
-    script: list[dict[str, Any]] = []
-    requests: list[dict[str, Any]] = []
+    script: ClassVar[list[dict[str, Any]]] = []
+    requests: ClassVar[list[dict[str, Any]]] = []
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.requests.append(body)
         message = self.script[min(len(self.requests) - 1, len(self.script) - 1)]

@@ -127,7 +127,7 @@ def test_several_calls_in_one_string():
                                   "functions.calculate_triangle_area", "calculate_triangel_area"])
 def test_near_miss_tool_names(name):
     revision = _fixed(json.dumps({"name": name, "arguments": WANT.arguments}))
-    assert [s for s in revision.steps if s.kind is StepKind.TOOL_NAME][0].before == name
+    assert next(s for s in revision.steps if s.kind is StepKind.TOOL_NAME).before == name
 
 
 def test_server_prefix_is_restored_on_mcp_bench():

@@ -4,6 +4,7 @@ server, config and dataset checks (before any model loads), `--dry-run`'s launch
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import pytest
 from click.testing import CliRunner
@@ -91,8 +92,8 @@ def test_trl_reward_functions_take_the_columns_and_log_what_they_saw():
 
 
 class _ScriptedJudge(BaseHTTPRequestHandler):
-    replies: list = []
-    requests: list = []
+    replies: ClassVar[list] = []
+    requests: ClassVar[list] = []
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))

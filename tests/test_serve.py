@@ -174,7 +174,7 @@ def test_fault_library_outputs_through_the_proxy(model, start_proxy, stream: boo
 def test_traces_land_in_a_real_collector(model, start_proxy, start_collector, sqlite_url: str) -> None:
     import tracemill.sdk as tm
 
-    scripted, upstream = model
+    _, upstream = model
     collector = start_collector(sqlite_url)
     tm.init(collector.url, service_name="tracemill-serve", set_global=False)
     try:
@@ -325,7 +325,7 @@ def test_revise_endpoint_health_and_metrics(model, start_proxy) -> None:
 
 
 def test_bad_requests_get_a_clear_error(model, start_proxy) -> None:
-    scripted, upstream = model
+    _, upstream = model
     proxy = start_proxy(upstream.url + "/v1")
     response = httpx.post(proxy.url + "/v1/chat/completions", content=b"{not json")
     assert response.status_code == 400 and "not JSON" in response.json()["error"]["message"]

@@ -26,7 +26,7 @@ def example_value(schema: Any, name: str) -> Any:
     if isinstance(schema.get("examples"), list) and schema["examples"]:
         return schema["examples"][0]
     types = schema_types(schema) - {"null"}
-    kind = sorted(types)[0] if types else "string"
+    kind = min(types) if types else "string"
     if kind == "integer":
         low = schema.get("minimum", 1)
         return int(max(low, min(schema.get("maximum", 12), 12)))

@@ -25,7 +25,7 @@ from tracemill.names import match_tool
 from tracemill.revision import Step, StepKind
 from tracemill.tools import Tool, is_json_type, schema_types
 
-_THINK = re.compile(r"<think>.*?(</think>|$)", re.S)
+_THINK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
 _TAGS = re.compile(
     r"<\|python_start\|>(?P<a>.*?)(?:<\|python_end\|>|$)"
     r"|<\|python_tag\|>(?P<b>.*?)(?:<\|eom_id\|>|<\|eot_id\|>|$)"
@@ -33,16 +33,17 @@ _TAGS = re.compile(
     r"|<\|tool_call\|>(?P<d>.*?)(?:<\|/tool_call\|>|<\|end\|>|$)"
     r"|(?P<fn_at><function=)"
     r"|\[TOOL_CALLS\](?P<f>.*)",
-    re.S,
+    re.DOTALL,
 )
-_FUNCTION = re.compile(r"<function=(?P<fn>[^>\s]+)>(?P<body>.*?)(?:</function>|(?=<function=)|$)", re.S)
-_PARAMETER = re.compile(r"<parameter=(?P<key>[^>\n]+)>(?P<value>.*?)</parameter>", re.S)
+_FUNCTION = re.compile(r"<function=(?P<fn>[^>\s]+)>(?P<body>.*?)(?:</function>|(?=<function=)|$)", re.DOTALL)
+_PARAMETER = re.compile(r"<parameter=(?P<key>[^>\n]+)>(?P<value>.*?)</parameter>", re.DOTALL)
 _CLOSING = ("</function>", "</tool_call>")
-_FENCE = re.compile(r"```[\w-]*[ \t]*\n?(.*?)(?:```|$)", re.S)
-_MISTRAL_ARGS = re.compile(r"\s*([\w.:\-]+)\s*\[ARGS\]", re.S)
+_FENCE = re.compile(r"```[\w-]*[ \t]*\n?(.*?)(?:```|$)", re.DOTALL)
+_MISTRAL_ARGS = re.compile(r"\s*([\w.:\-]+)\s*\[ARGS\]", re.DOTALL)
 _REACT = re.compile(r"^[ \t]*Action[ \t]*:[ \t]*(?P<name>[^\n]+?)[ \t]*\n(?:[ \t]*\n)*"
-                    r"[ \t]*Action[ \t]+Input[ \t]*:(?P<input>.*?)(?=^[ \t]*Observation[ \t]*:|\Z)", re.S | re.M)
-_OBSERVATION = re.compile(r"^[ \t]*Observation[ \t]*:", re.M)
+                    r"[ \t]*Action[ \t]+Input[ \t]*:(?P<input>.*?)(?=^[ \t]*Observation[ \t]*:|\Z)",
+                    re.DOTALL | re.MULTILINE)
+_OBSERVATION = re.compile(r"^[ \t]*Observation[ \t]*:", re.MULTILINE)
 _NAME_QUOTES = "`'\"*"
 _JSON = json.JSONDecoder()
 
@@ -100,8 +101,8 @@ def _xml_call(name: str, body: str, index: Mapping[str, Tool], closed: bool) -> 
         if body[end:match.start()].strip():
             return Region(body, name, refused=f"text between the parameters of {name!r} is not a parameter")
         value = match.group("value")
-        value = value[1:] if value.startswith("\n") else value
-        value = value[:-1] if value.endswith("\n") else value
+        value = value.removeprefix("\n")
+        value = value.removesuffix("\n")
         key = match.group("key").strip()
         arguments[key] = _typed(value, props.get(key))
         end = match.end()
@@ -147,7 +148,7 @@ def _react(text: str, index: Mapping[str, Tool]) -> list[Region]:
     if match is None or (observation is not None and observation.start() < match.start()):
         return []
     name = match.group("name").strip().strip(_NAME_QUOTES).strip()
-    name = name[:-2] if name.endswith("()") else name
+    name = name.removesuffix("()")
     given = match.group("input").strip()
     fenced = _FENCE.fullmatch(given)
     given = fenced.group(1).strip() if fenced else given

@@ -211,7 +211,7 @@ class _Compiled:
         if self.fast is None and self.eligible:
             try:
                 self.fast = fastjsonschema.compile(self.schema, use_default=False, detailed_exceptions=False)
-            except Exception:
+            except Exception:  # a schema fastjsonschema cannot compile: jsonschema checks it, as before
                 self.eligible = False
         return self.fast
 
@@ -224,7 +224,7 @@ class _Compiled:
                 return False
         try:
             self.fast(arguments)
-        except Exception:
+        except Exception:  # any refusal: the full check decides, and says why
             return False
         return True
 

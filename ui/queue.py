@@ -63,8 +63,8 @@ class QueueRules:
 
     @cached_property
     def _words(self) -> tuple[re.Pattern[str] | None, ...]:
-        return tuple(re.compile(r"\b(?:" + "|".join(map(re.escape, r.words)) + r")\b", re.I) if r.words else None
-                     for r in self.rules)
+        return tuple(re.compile(r"\b(?:" + "|".join(map(re.escape, r.words)) + r")\b", re.IGNORECASE)
+                     if r.words else None for r in self.rules)
 
     def rule_for(self, name: str | None, tool: Tool | None) -> tuple[str, str] | None:
         """(domain, which rule) of the first rule that matches a call's tool, else None."""

@@ -9,6 +9,7 @@ memory per mode, and writes them as JSON. `--dry-run`: the same code on the CPU 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import tempfile
@@ -99,7 +100,7 @@ def grpo(folder: Path, data: dict[str, list[Any]], lora: bool, args: argparse.Na
     logs = [h for h in trainer.state.log_history if "step_time" in h]
     timed = logs[1:] or logs  # the first step pays for compilation and allocation
     step_s = statistics.median(h["step_time"] for h in timed)
-    tokens = [b["num_tokens"] - a["num_tokens"] for a, b in zip(logs, logs[1:])] or [logs[0]["num_tokens"]]
+    tokens = [b["num_tokens"] - a["num_tokens"] for a, b in itertools.pairwise(logs)] or [logs[0]["num_tokens"]]
     result = {"mode": "lora" if lora else "full", "steps": len(logs), "s_per_step": step_s,
               "train_tokens_per_s": statistics.median(tokens) / step_s,
               "completion_mean_tokens": statistics.fmean(h["completions/mean_length"] for h in logs),

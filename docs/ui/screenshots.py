@@ -15,14 +15,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.common.keys import Keys  # noqa: E402
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 
-from support import CollectorProcess, UIProcess, chromium  # noqa: E402
-from tracemill.simulate import simulate  # noqa: E402
-from tracemill.store.engine import make_engine  # noqa: E402
-from tracemill.ui import users  # noqa: E402
-from tracemill.ui.access import Role  # noqa: E402
+from tracemill.simulate import simulate
+from tracemill.store.engine import make_engine
+from tracemill.ui import users
+from tracemill.ui.access import Role
+
+from support import CollectorProcess, UIProcess, chromium
 
 OUT = Path(__file__).resolve().parent
 PASSWORD = "screenshots only"

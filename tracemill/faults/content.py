@@ -196,7 +196,7 @@ _SYNONYMS = {
 _MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
            "November", "December")
 _ISO_DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})")
-_NUMERIC_TEXT = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*|\s*(true|false|null|None)\s*", re.I)
+_NUMERIC_TEXT = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*|\s*(true|false|null|None)\s*", re.IGNORECASE)
 
 
 def _words(name: str) -> list[str]:

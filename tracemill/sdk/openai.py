@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from openai.resources.chat.completions import AsyncCompletions
 from opentelemetry.trace import Span, SpanKind, use_span
@@ -160,10 +160,10 @@ class _Stream:
             raise
         self._acc.end()
 
-    def __enter__(self) -> _Stream:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:
@@ -189,10 +189,10 @@ class _AsyncStream:
             raise
         self._acc.end()
 
-    async def __aenter__(self) -> _AsyncStream:
+    async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     async def close(self) -> None:

@@ -8,7 +8,8 @@ import re
 
 from sqlalchemy.exc import DBAPIError, StatementError
 
-_OPERATION = re.compile(r"\s*(INSERT\s+INTO|UPDATE|DELETE\s+FROM|SELECT\b.*?\bFROM)\s+\"?(\w+)", re.I | re.S)
+_OPERATION = re.compile(r"\s*(INSERT\s+INTO|UPDATE|DELETE\s+FROM|SELECT\b.*?\bFROM)\s+\"?(\w+)",
+                        re.IGNORECASE | re.DOTALL)
 _OPERATIONS = {"INSERT": "INSERT INTO", "UPDATE": "UPDATE", "DELETE": "DELETE FROM", "SELECT": "SELECT … FROM"}
 
 

@@ -302,7 +302,7 @@ def trace_spans(conn: Connection, trace_id: str, resolved: bool = True) -> list[
 
 
 def by_span_keys(conn: Connection, statement: Select[Any], keys: Sequence[tuple[str, str]],
-                 table: type[SpanRow] | type[LogEventRow] = SpanRow) -> list[Any]:
+                 table: type[SpanRow | LogEventRow] = SpanRow) -> list[Any]:
     """The rows of `statement` over the spans (or their log events: `table`) with these (trace id, span id) keys,
     looked up in the (trace_id, span_id) index: on SQLite joined to the keys bound as one JSON array (one statement
     whatever the keys, so that it is compiled once; given two IN lists SQLite tries every pair of them), on
