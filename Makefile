@@ -9,7 +9,7 @@ STAMP := $(VENV)/.tracemill-installed
 # (2.13.0, which brings CUDA's libraries); where that index cannot be reached, PyPI's build, which runs on the CPU too.
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: demo test venv clean
+.PHONY: demo test lint venv clean
 
 $(STAMP): requirements.lock pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Tracemill needs Python 3.11 or newer (set PYTHON=...)")'
@@ -27,6 +27,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
 
 clean:
 	rm -rf $(VENV) tracemill-demo
