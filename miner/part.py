@@ -13,7 +13,6 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import lru_cache
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from tracemill.miner.repairs import find_repairs
 from tracemill.miner.rows import build_row, reference_for
 from tracemill.reader import Reading, read
 from tracemill.reviser_prompt import PromptSettings, ReviserPrompt, build_prompt
+from tracemill.short_cache import cache_short
 from tracemill.store.payloads import REF_KEY, resolve_all
 from tracemill.store.queries import CallFilter, StoredCall, by_span_keys, iter_traces, toolsets
 from tracemill.store.tables import PayloadRow, ReviewRow, SpanRow
@@ -67,18 +67,15 @@ def unit(seed: int, what: str, key: str) -> float:
     return int.from_bytes(digest, "big") / 2**64
 
 
+@cache_short(limit=2048, maxsize=4096)  # a longer piece (a large output, seldom repeated) is not kept
 def _squeezed(text: str) -> str:
     return " ".join(text.split())
-
-
-_squeezed_once = lru_cache(maxsize=4096)(_squeezed)
-_CACHED_CHARS = 2048  # a longer piece (a large output, seldom repeated) is not kept: 4,096 x 2 x 2,048 chars
 
 
 def _normalised(pieces: Iterable[str]) -> str:
     """The pieces joined by newlines, with every run of whitespace made one space, each piece normalised alone: the
     tool lines of a toolset and the turns that a trace's calls share are normalised once."""
-    return " ".join(filter(None, (_squeezed_once(p) if len(p) <= _CACHED_CHARS else _squeezed(p) for p in pieces)))
+    return " ".join(filter(None, map(_squeezed, pieces)))
 
 
 def prompt_digest(prompt: ReviserPrompt) -> str:

@@ -91,6 +91,22 @@ def test_trl_reward_functions_take_the_columns_and_log_what_they_saw():
     assert logged == {"copied_invalid": 1.0, "valid_changed": 1.0}
 
 
+def test_each_completion_of_a_batch_is_scored_as_alone_however_its_groups_repeat():
+    # a generation batch as TRL sends it, group after group; a group may hold one completion twice, and the next batch
+    # may repeat this one (then each term reads the scores kept of the latest batch)
+    answers = [BROKEN, json.dumps(REFERENCE[0]), BROKEN, '{"name": "get_weather", "arguments": {"city": "Cork"}}']
+    groups = [(BROKEN, False), (json.dumps(REFERENCE[0]), True)]
+    batch = [(raw, valid, answer) for raw, valid in groups for answer in answers]
+    columns = {"raw": [raw for raw, _, _ in batch], "tools": [json.dumps([WEATHER])] * len(batch),
+               "context": [json.dumps(CONTEXT)] * len(batch), "reference": [json.dumps(REFERENCE)] * len(batch),
+               "valid": [valid for _, valid, _ in batch]}
+    completions = [[{"role": "assistant", "content": answer}] for _, _, answer in batch]
+    for _ in range(2):
+        out = {name: fn(completions=completions, **columns) for name, fn in REWARD_FUNCTIONS.items()}
+        for n, (raw, valid, answer) in enumerate(batch):
+            assert {t: out[t][n] for t in TERMS} == _terms(answer, _row(raw=raw, valid=valid)), (raw, answer)
+
+
 class _ScriptedJudge(BaseHTTPRequestHandler):
     replies: ClassVar[list] = []
     requests: ClassVar[list] = []

@@ -29,6 +29,7 @@ import orjson
 
 from tracemill.names import match_tool, similarity
 from tracemill.reader import Reading, read
+from tracemill.short_cache import cache_short
 from tracemill.tools import Tool, base_key, name_key
 
 SYSTEM = ("You repair tool calls. Given the tools, the conversation and a model's output, reply with only the tool "
@@ -133,17 +134,8 @@ def _near_miss(name: str, offered: tuple[str, ...]) -> str | None:
     return (match_tool(name, dict.fromkeys(offered)) or (None, ""))[0]  # type: ignore[arg-type]
 
 
-_CACHED_REQUEST_CHARS = 2048
-
-
+@cache_short(limit=2048, maxsize=4096)  # a conversation's request comes back with each of its calls
 def _request_words(request: str) -> frozenset[str]:
-    """A conversation's request comes back with each of its calls: the words of a short one are kept (4,096 pasted
-    documents of 200 KB each would be most of a gigabyte)."""
-    return _short_request_words(request) if len(request) <= _CACHED_REQUEST_CHARS else frozenset(_words(request))
-
-
-@lru_cache(maxsize=4096)
-def _short_request_words(request: str) -> frozenset[str]:
     return frozenset(_words(request))
 
 

@@ -23,7 +23,6 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 from tracemill.bfcl import Answer, answers_for, ast_match, value_matches
@@ -67,7 +66,6 @@ def _text(value: Any) -> str | None:
     return value if value is None or isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
 
 
-@lru_cache(maxsize=4096)
 def _row(raw: str, tools: str, context: str | None, reference: str | None, valid: bool) -> Row:
     messages = _json(context)
     calls = _json(reference)
@@ -211,27 +209,35 @@ def score(completion: Any, row: Row) -> Scores:
 
 
 class Scorer:
-    """Scores each (row, completion) once, however many reward functions ask: TRL calls each term on the same batch."""
+    """Scores each (row, completion) of a batch once, however many reward functions ask: TRL calls each term in turn
+    on the same batch, so the latest batch's scores are kept, and no more (its columns may hold whole agent contexts,
+    hundreds of KB each). A row is decoded once per batch, however many completions of its group the batch holds."""
 
-    def __init__(self, size: int = 4096) -> None:
-        self._cache: dict[tuple[Any, ...], Scores] = {}
-        self._size = size
+    def __init__(self) -> None:
+        self._last: dict[tuple[Any, ...], Scores] = {}
 
     def batch(self, completions: Sequence[Any], raw: Sequence[str], tools: Sequence[Any],
               context: Sequence[Any] | None = None, reference: Sequence[Any] | None = None,
               valid: Sequence[bool] | None = None) -> list[Scores]:
-        out = []
+        scored: dict[tuple[Any, ...], Scores] = {}
+        rows: dict[tuple[Any, ...], Row] = {}
+        keys = []
         for i, completion in enumerate(completions):
             columns = (raw[i], _text(tools[i]), _text(context[i]) if context else None,
                        _text(reference[i]) if reference else None, bool(valid[i]) if valid else False)
             key = (*columns, _text(completion_text(completion)))
-            found = self._cache.get(key)
+            keys.append(key)
+            if key in scored:
+                continue
+            found = self._last.get(key)
             if found is None:
-                if len(self._cache) >= self._size:
-                    self._cache.clear()
-                found = self._cache[key] = score(completion, _row(*columns))
-            out.append(found)
-        return out
+                row = rows.get(columns)
+                if row is None:
+                    row = rows[columns] = _row(*columns)
+                found = score(completion, row)
+            scored[key] = found
+        self._last = scored
+        return [scored[key] for key in keys]
 
 
 _SCORER = Scorer()
