@@ -18,6 +18,7 @@ from sqlalchemy import select
 
 import tracemill.sdk as tm
 from tracemill.collector.keys import create_key
+from tracemill.reviser_prompt import message_text
 from tracemill.store.engine import make_engine
 from tracemill.store.payloads import resolve
 from tracemill.store.tables import SpanRow, ToolCallRow
@@ -117,6 +118,33 @@ def test_conversation_can_be_left_out(start_collector, sqlite_url: str, sdk: Any
     attributes = json.dumps([s.attributes for s in spans])
     assert "private" not in attributes
     assert "gen_ai.tool.definitions" in spans[0].attributes and calls[0].arguments == {"email": "x@y.z"}
+
+
+def test_long_conversations_all_arrive_however_many_a_batch_holds(start_collector, sqlite_url: str,
+                                                                   sdk: Any) -> None:
+    # real agent contexts reach 57k-128k tokens: a batch of such spans is larger than a collector takes in one request
+    # (here 4 MiB; 32 MiB by default), and a refused request loses every span in it
+    collector = start_collector(sqlite_url, TRACEMILL_MAX_BODY_BYTES=str(4 << 20))
+    sdk.init(collector.url)
+    document = "The attached contract, clause by clause. " * 5000  # 200,000 characters
+    for n in range(60):
+        with sdk.chat("qwen3", tools=TOOLS, messages=[{"role": "user", "content": f"[{n}] {document}"}]) as call:
+            call.output(tool_calls=[{"id": f"c{n}", "name": "lookup_patient", "arguments": '{"email": "x@y.z"}'}])
+    assert sdk.flush(30)
+
+    spans, calls = _read(sqlite_url)
+    assert len(spans) == len(calls) == 60
+    said = {message_text(json.loads(s.attributes["gen_ai.input.messages"])[0])[1].partition("]")[0] for s in spans}
+    assert said == {f"[{n}" for n in range(60)}
+
+    # one span over the collector's limit is refused: the agent is told by flush, and nothing else is lost
+    with sdk.chat("qwen3", tools=TOOLS, messages=[{"role": "user", "content": document * 25}]) as call:
+        call.output("too long to store")
+    with sdk.chat("qwen3", tools=TOOLS, messages=[{"role": "user", "content": "short"}]) as call:
+        call.output("stored")
+    assert not sdk.flush(30)
+    assert sdk.flush(30)  # nothing failed since
+    assert len(_read(sqlite_url)[0]) == 61
 
 
 def test_api_key_is_sent(start_collector, sqlite_url: str, sdk: Any) -> None:

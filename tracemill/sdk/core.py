@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from tracemill.sdk import genai
+from tracemill.sdk.batches import MAX_REQUEST_BYTES, SizedExporter
 from tracemill.sdk.redact import Redaction, Redactor
 
 log = logging.getLogger("tracemill.sdk")
@@ -30,6 +31,7 @@ SCOPE = "tracemill.sdk"
 @dataclass
 class _State:
     provider: TracerProvider | None = None
+    exporter: SizedExporter | None = None
     redactor: Redactor = field(default_factory=Redactor)
     capture_messages: bool = True
 
@@ -52,6 +54,7 @@ def init(
     redact: Redaction = None,
     capture_messages: bool = True,
     export_timeout_s: float = 5.0,
+    max_request_bytes: int = MAX_REQUEST_BYTES,
     set_global: bool = True,
 ) -> TracerProvider:
     """Send this process's spans to a Tracemill collector.
@@ -59,6 +62,8 @@ def init(
     `redact`: a function applied to every recorded string, or regexes whose matches are masked; it runs here, before
     anything is exported. `capture_messages=False` leaves out the conversation (input messages and tool results);
     tool definitions, model output and tool arguments are always recorded, redacted, because the loop needs them.
+    `max_request_bytes`: each export request carries about this much at most (keep it under the collector's
+    `max_body_bytes`): a batch of spans with long conversations is sent as several requests.
     With `set_global`, the provider also becomes OpenTelemetry's global one (when none was set), so other
     instrumentation in the process reports to the collector too."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -67,11 +72,12 @@ def init(
     if harness_version:
         attributes[genai.HARNESS_VERSION] = harness_version
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-    exporter = OTLPSpanExporter(endpoint=traces_url(endpoint), headers=headers, timeout=export_timeout_s)
+    exporter = SizedExporter(OTLPSpanExporter(endpoint=traces_url(endpoint), headers=headers,
+                                              timeout=export_timeout_s), max_request_bytes)
     provider = TracerProvider(resource=Resource.create(attributes), shutdown_on_exit=False)
     provider.add_span_processor(BatchSpanProcessor(exporter, export_timeout_millis=export_timeout_s * 1000))
     shutdown()
-    _state.provider = provider
+    _state.provider, _state.exporter = provider, exporter
     _state.redactor = Redactor(redact)
     _state.capture_messages = capture_messages
     if set_global and isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
@@ -80,14 +86,18 @@ def init(
 
 
 def flush(timeout_s: float = 10.0) -> bool:
-    """Export what is buffered; False when it could not all be delivered in time."""
-    return _state.provider.force_flush(int(timeout_s * 1000)) if _state.provider else True
+    """Export what is buffered; False when it could not all be delivered in time, or when a request since the last
+    flush failed (the collector refused it or could not be reached: its spans are lost, as the log said)."""
+    if _state.provider is None:
+        return True
+    done = _state.provider.force_flush(int(timeout_s * 1000))
+    return done and (_state.exporter is None or _state.exporter.take_failed() == 0)
 
 
 def shutdown() -> None:
     if _state.provider is not None:
         _state.provider.shutdown()
-        _state.provider = None
+        _state.provider, _state.exporter = None, None
 
 
 atexit.register(shutdown)
