@@ -7,7 +7,8 @@ Run by hand, never in CI (see bench/README.md, "Serving"), under the bench lock:
 Everything runs on this machine, each server its own process: a local upstream (a minimal OpenAI-compatible server
 answering every request with the same valid native tool call, pre-encoded, so that it costs as little as possible),
 `tracemill serve` in front of it (the real command; rules reviser), and, for the traced runs, a real collector the
-sidecar traces to. Requests are what an agent sends: one MCP-Bench server's tools and a short conversation.
+sidecar traces to. Requests are what an agent sends: one MCP-Bench server's tools and a short conversation (with
+`--context-chars`, a pasted document ahead of it: real agent contexts reach 57k-128k tokens).
 The load comes from a small asyncio HTTP/1.1 client with keep-alive connections (cheaper than any HTTP library, so
 that the figures are the servers').
 
@@ -25,6 +26,7 @@ import asyncio
 import json
 import os
 import platform
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -46,12 +48,19 @@ PYTHON = sys.executable
 
 # --- the upstream: a raw ASGI app, cheaper than any framework ---------------------------------------------------
 
-def _payloads() -> tuple[bytes, bytes, bytes]:
-    """(the request an agent sends, the upstream's answer, the same answer streamed)."""
+_DOCUMENT = ("Section 4.2 of the attached report: revenue grew 12.5 percent to 4,200 units across 17 regions, while "
+             "returns fell to 310 units; the appendix lists every store by city and quarter. ")
+
+
+def _payloads(context_chars: int = 0) -> tuple[bytes, bytes, bytes]:
+    """(the request an agent sends, the upstream's answer, the same answer streamed); with `context_chars`, the
+    conversation starts with a user message of that many characters (a pasted document)."""
     tools = load_mcp_bench()["Weather Data"]
     call = next(c for c in map(example_call, tools) if c is not None)
+    document = (_DOCUMENT * (context_chars // len(_DOCUMENT) + 1))[:context_chars]
     request = orjson.dumps({"model": "bench-model", "messages": [
         {"role": "system", "content": "You are a helpful assistant with weather tools."},
+        *([{"role": "user", "content": document}] if document else []),
         {"role": "user", "content": "What is the weather in Paris right now, and tomorrow?"}],
         "tools": [{"type": "function", "function": {"name": t.name, "description": t.description,
                                                     "parameters": dict(t.input_schema)}} for t in tools]})
@@ -99,6 +108,8 @@ def upstream_app() -> Any:
 # --- a minimal keep-alive HTTP/1.1 client -------------------------------------------------------------------
 
 class Connection:
+    answered = 0  # by every connection: the requests answered, to compare with the spans a traced run stored
+
     def __init__(self, host: str, port: int) -> None:
         self.host, self.port = host, port
         self.reader: asyncio.StreamReader | None = None
@@ -121,6 +132,7 @@ class Connection:
                 length = int(value)
             elif name.lower() == "transfer-encoding" and "chunked" in value:
                 chunked = True
+        Connection.answered += 1
         if not chunked:
             return await self.reader.readexactly(length or 0)
         parts = []
@@ -219,6 +231,11 @@ def _start(args: list[str], url: str, workdir: Path, name: str) -> subprocess.Po
     return proc
 
 
+def _stored_spans(path: Path) -> int:
+    with sqlite3.connect(path) as conn:
+        return int(conn.execute("SELECT count(*) FROM spans").fetchone()[0])
+
+
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     proc.terminate()
     try:
@@ -240,6 +257,8 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=500.0, help="offered requests/s in the paced phase")
     parser.add_argument("--seconds", type=float, default=20.0, help="length of the paced phase")
     parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--context-chars", type=int, default=0,
+                        help="a user message of this many characters ahead of the conversation (a pasted document)")
     parser.add_argument("--out", type=Path, help="write the figures here as JSON")
     parser.add_argument("--upstream-only", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -250,12 +269,12 @@ def main() -> None:
                     access_log=False, loop="uvloop", http="httptools")
         return
 
-    body, _, _ = _payloads()
+    body, _, _ = _payloads(args.context_chars)
     stream_body = body[:-1] + b',"stream":true}'
     figures: dict[str, Any] = {
         "machine": {"python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
                     "cpus": os.cpu_count(), "system": platform.platform()},
-        "request_bytes": len(body)}
+        "request_bytes": len(body), "context_chars": args.context_chars}
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         up_port = free_port()
@@ -281,12 +300,16 @@ def main() -> None:
                                f"http://127.0.0.1:{port}/healthz", workdir, f"serve-{traced}")
                 name = "sidecar_traced" if traced else "sidecar"
                 print(f"through the sidecar{' (traced)' if traced else ''} ...", file=sys.stderr)
+                Connection.answered = 0
                 try:
                     figures[name] = asyncio.run(measure(port, body, stream_body, args))
                 finally:
-                    _stop(proxy)
+                    _stop(proxy)  # its spans flushed as it exits
                     if collector is not None:
                         _stop(collector)
+                if traced:
+                    figures[name]["requests_answered"] = Connection.answered
+                    figures[name]["spans_stored"] = _stored_spans(workdir / "traces.db")
         finally:
             _stop(upstream)
     for name in ("sidecar", "sidecar_traced"):
