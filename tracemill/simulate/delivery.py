@@ -15,6 +15,7 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
 from tracemill.otlp import partial_success
+from tracemill.sdk.batches import MAX_REQUEST_BYTES, chunks
 from tracemill.sdk.core import traces_url
 
 
@@ -24,7 +25,7 @@ class DeliveryError(RuntimeError):
 
 class Delivery(SpanProcessor):
     def __init__(self, endpoint: str, api_key: str | None = None, batch_spans: int = 512,
-                 max_request_bytes: int = 8 * 1024 * 1024, patience_s: float = 60.0) -> None:
+                 max_request_bytes: int = MAX_REQUEST_BYTES, patience_s: float = 60.0) -> None:
         self.url = traces_url(endpoint)
         self.batch_spans = batch_spans
         self.max_request_bytes = max_request_bytes
@@ -66,13 +67,12 @@ class Delivery(SpanProcessor):
                 except Exception as exc:  # a bug here must surface in the caller's thread, not vanish
                     self._error = DeliveryError(f"delivery to {self.url} failed: {exc!r}")
 
-    def _send(self, spans: Sequence[ReadableSpan]) -> None:
+    def _send(self, batch: Sequence[ReadableSpan]) -> None:
+        for spans in chunks(batch, self.max_request_bytes):
+            self._post(spans)
+
+    def _post(self, spans: Sequence[ReadableSpan]) -> None:
         body = encode_spans(spans).SerializeToString()
-        if len(body) > self.max_request_bytes and len(spans) > 1:
-            half = len(spans) // 2
-            self._send(spans[:half])
-            self._send(spans[half:])
-            return
         # Until the collector has taken a first batch, an unreachable or refusing endpoint is most likely a wrong URL.
         patience = self.patience_s if self.delivered else min(self.patience_s, 5.0)
         deadline = time.monotonic() + patience
