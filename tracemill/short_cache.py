@@ -1,7 +1,6 @@
 """Memoising functions of text that may be huge. Agent contexts reach hundreds of KB each: an LRU cache of a few
 thousand of them, with what is computed from them, holds gigabytes. `cache_short` caches only calls whose text is
-short, the ones that repeat (a tool line, a request, a row scored once per completion of its group); a longer call is
-computed each time."""
+short, the ones that repeat (a prompt's tool line, a conversation's request); a longer call is computed each time."""
 
 from __future__ import annotations
 
