@@ -123,17 +123,18 @@ def with_rules(model_dir: Path, data: Path) -> dict[str, Any]:
 def run_seed(seed: int, base: Path, data: Path, out: Path, sft_steps: int, grpo_steps: int,
              completion: int) -> dict[str, Any]:
     from tracemill.trainer.config import TrainConfig
-    from tracemill.trainer.dataset import load_rows
+    from tracemill.trainer.dataset import EVAL, load_rows
     from tracemill.trainer.run import make_plan, train
     from tracemill.trainer.warmup import warm_up
 
     rows = load_rows(data)
-    seen = [r for r in rows.train if not set(r["faults"]) & set(HELD_OUT)]
+    held = rows.read(EVAL)
+    seen = [r for r in rows.read() if not set(r["faults"]) & set(HELD_OUT)]
     result: dict[str, Any] = {"seed": seed}
     start = time.perf_counter()
     sft = warm_up(str(base), seen, out / "sft", sft_steps, 3e-3, 16, seed, "cpu", rows.prompt_settings, completion)
     result["sft_seconds"] = time.perf_counter() - start
-    result["sft"] = model_alone(sft, rows.eval, completion)
+    result["sft"] = model_alone(sft, held, completion)
     result["sft_with_rules"] = with_rules(sft, data)
     config = TrainConfig.model_validate({
         "device": "cpu", "model": {"base": str(sft), "kind": "full"}, "data": {"dataset": str(data)},
@@ -146,7 +147,7 @@ def run_seed(seed: int, base: Path, data: Path, out: Path, sft_steps: int, grpo_
     outcome = train(make_plan(config))
     result["grpo_seconds"] = time.perf_counter() - start
     assert outcome.model_dir is not None
-    result["grpo"] = model_alone(outcome.model_dir, rows.eval, completion)
+    result["grpo"] = model_alone(outcome.model_dir, held, completion)
     result["grpo_with_rules"] = with_rules(outcome.model_dir, data)
     result["curve"] = [json.loads(line) for line in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
     return result

@@ -140,7 +140,7 @@ class _Cycle:
                                                          "register_model": True}),
         })
         plan = make_plan(config)
-        self.enter(Step.TRAIN, f"{len(plan.rows.train)} rows, from {s.base_model}, on {plan.device}")
+        self.enter(Step.TRAIN, f"{plan.rows.train_rows} rows, from {s.base_model}, on {plan.device}")
         outcome = train(plan, echo=self.say)
         if outcome.interrupted or outcome.model_dir is None:
             raise KeyboardInterrupt

@@ -118,7 +118,8 @@ def trained(tmp_path_factory, tiny, mined):
     checkpoints = sorted((run / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
     listed = CliRunner().invoke(main, ["models", "list", "--db", db, "--json"]).output
     interrupted = {"rc": process.returncode, "output": output, "checkpoints": [p.name for p in checkpoints],
-                   "model_saved": (run / "model").exists(), "registered": json.loads(listed)}
+                   "model_saved": (run / "model").exists(), "registered": json.loads(listed),
+                   "rows_files": sorted(p.name for p in run.glob("*train-rows-*"))}
     stopped_at = int(checkpoints[-1].name.split("-")[1])
     refused = CliRunner().invoke(main, ["train", "--config", str(config)])
     config.write_text(CONFIG.format(base=tiny, data=mined, steps=stopped_at + 2, db=db))
@@ -134,6 +135,9 @@ def test_ctrl_c_keeps_a_checkpoint_and_resume_goes_on_from_it(trained):
     assert "interrupted: saving a checkpoint after this step" in interrupted["output"]
     assert "run again with --resume" in interrupted["output"]
     assert interrupted["checkpoints"] and not interrupted["model_saved"] and interrupted["registered"] == []
+    # the train split as GRPO read it (Arrow, memory-mapped), kept for --resume and removed once the run is done
+    assert len(interrupted["rows_files"]) == 1 and interrupted["rows_files"][0].endswith("-all.arrow")
+    assert not list(trained["run"].glob("*train-rows-*"))
     refused = trained["refused"]
     assert refused.exit_code == 1 and "holds checkpoints of an earlier run" in refused.output
     steps = [m["step"] for m in _metrics(trained["run"]) if "reward" in m]

@@ -1,14 +1,20 @@
 """The trainer's input: the RL prompt rows of `tracemill mine` (DESIGN.md, "RL prompt rows"), checked before any model
-loads. A row that cannot be trained on is an error naming its file, line and field."""
+loads. A row that cannot be trained on is an error naming its file, line and field.
+
+The files are read a line at a time and never held whole: an export of a million stored calls is gigabytes of JSON
+Lines, and with agent contexts of 57k-128k tokens each row's `context` is hundreds of KB. GRPO reads the train split as
+an Arrow file (`training_dataset`), memory-mapped, as `datasets` reads its own."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+import os
+from collections import Counter
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -19,6 +25,10 @@ CARD = "dataset.json"
 TRAIN, EVAL = "train.jsonl", "eval.jsonl"
 # The columns the rewards read; TRL passes each to every reward function.
 REWARD_COLUMNS = ("raw", "tools", "context", "reference", "valid")
+_ARROW_BATCH_CHARS = 16 << 20  # rows are written to the Arrow file about this much text at a time
+
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 
 class DatasetError(ValueError):
@@ -27,21 +37,75 @@ class DatasetError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class PromptRows:
+    """A checked export: its rows counted, not held."""
+
     folder: Path
-    train: list[dict[str, Any]]
-    eval: list[dict[str, Any]]
+    train_rows: int
+    eval_rows: int
+    failure_classes: dict[str, int]  # of the train split
     prompt_settings: PromptSettings
     content_hash: str
     card: dict[str, Any]
 
     @property
-    def eval_path(self) -> Path | None:
-        return self.folder / EVAL if self.eval else None
+    def train_path(self) -> Path:
+        return self.folder / TRAIN
 
-    def training_columns(self, limit: int | None = None) -> dict[str, list[Any]]:
-        """The columns GRPOTrainer takes: `prompt` and the reward columns, as the rows hold them."""
-        rows = self.train[:limit] if limit else self.train
-        return {key: [r.get(key) for r in rows] for key in ("prompt", *REWARD_COLUMNS)}
+    @property
+    def eval_path(self) -> Path | None:
+        return self.folder / EVAL if self.eval_rows else None
+
+    def read(self, split: str = TRAIN, limit: int | None = None) -> list[dict[str, Any]]:
+        """The first `limit` rows of a split's file (every row without), as dicts: for the warm-up's pairs and the
+        benchmarks, not for GRPO."""
+        rows: list[dict[str, Any]] = []
+        for _, row in _lines(self.folder / split):
+            if limit is not None and len(rows) >= limit:
+                break
+            rows.append(row)
+        return rows
+
+    def training_dataset(self, folder: Path, limit: int | None = None) -> Dataset:
+        """The columns GRPOTrainer takes (`prompt` and the reward columns) of the first `limit` train rows, written to
+        an Arrow file in `folder` and memory-mapped. Processes training together each write their own and put it in
+        place whole: the same rows, the same file."""
+        import pyarrow as pa
+        from datasets import Dataset
+
+        name = f"train-rows-{self.content_hash[:16]}-{limit or 'all'}.arrow"
+        path = folder / name
+        if not path.is_file():
+            folder.mkdir(parents=True, exist_ok=True)
+            partial = folder / f".{name}.{os.getpid()}"
+            schema = _training_schema()
+            with pa.OSFile(str(partial), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+                batch: list[dict[str, Any]] = []
+                chars = 0
+                for n, (_, row) in enumerate(_lines(self.train_path)):
+                    if limit is not None and n >= limit:
+                        break
+                    batch.append(_training_row(row))
+                    chars += sum(len(v) for v in batch[-1].values() if isinstance(v, str))
+                    if chars >= _ARROW_BATCH_CHARS:
+                        writer.write_batch(pa.RecordBatch.from_pylist(batch, schema=schema))
+                        batch, chars = [], 0
+                if batch:
+                    writer.write_batch(pa.RecordBatch.from_pylist(batch, schema=schema))
+            os.replace(partial, path)
+        return Dataset.from_file(str(path))
+
+
+def _training_schema() -> Any:
+    import pyarrow as pa
+
+    message = pa.struct([("role", pa.string()), ("content", pa.string())])
+    return pa.schema([("prompt", pa.list_(message)), ("raw", pa.string()), ("tools", pa.string()),
+                      ("context", pa.string()), ("reference", pa.string()), ("valid", pa.bool_())])
+
+
+def _training_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {"prompt": [{"role": m["role"], "content": m["content"]} for m in row["prompt"]],
+            **{key: row.get(key) for key in REWARD_COLUMNS}}
 
 
 def _json_text(row: Mapping[str, Any], key: str, where: str, kinds: tuple[type, ...]) -> Any:
@@ -82,19 +146,27 @@ def check_row(row: Any, where: str) -> None:
     _json_text(row, "reference", where, (list,))
 
 
-def _rows(path: Path) -> list[dict[str, Any]]:
-    rows = []
+def _lines(path: Path) -> Iterator[tuple[int, Any]]:
+    """(line number, decoded row) of each line that is not blank."""
     with open(path, "rb") as fh:
         for n, line in enumerate(fh, 1):
             if not line.strip():
                 continue
             try:
-                row = orjson.loads(line)
+                yield n, orjson.loads(line)
             except orjson.JSONDecodeError as exc:
                 raise DatasetError(f"{path}:{n}: not valid JSON ({exc})") from None
-            check_row(row, f"{path}:{n}")
-            rows.append(row)
-    return rows
+
+
+def _checked(path: Path) -> tuple[int, dict[str, int]]:
+    """Every row of the file checked: how many there are, and how many of each failure class."""
+    classes: Counter[str] = Counter()
+    rows = 0
+    for n, row in _lines(path):
+        check_row(row, f"{path}:{n}")
+        rows += 1
+        classes[str(row.get("failure_class") or ("valid" if row.get("valid") else "unknown"))] += 1
+    return rows, dict(sorted(classes.items()))
 
 
 def load_rows(folder: Path) -> PromptRows:
@@ -113,18 +185,20 @@ def load_rows(folder: Path) -> PromptRows:
         raise DatasetError(f"{card_path}: no 'prompt_settings': the model must be asked the way its data was built")
     if not (folder / TRAIN).is_file():
         raise DatasetError(f"{folder / TRAIN}: missing")
-    train = _rows(folder / TRAIN)
+    train, classes = _checked(folder / TRAIN)
     if not train:
         raise DatasetError(f"{folder / TRAIN}: no rows to train on")
-    evaluation = _rows(folder / EVAL) if (folder / EVAL).is_file() else []
-    content_hash = card.get("content_hash") or hashlib.sha256(
-        (folder / TRAIN).read_bytes() + ((folder / EVAL).read_bytes() if evaluation else b"")).hexdigest()
-    return PromptRows(folder, train, evaluation, PromptSettings.from_dict(settings), str(content_hash), dict(card))
+    evaluation = _checked(folder / EVAL)[0] if (folder / EVAL).is_file() else 0
+    content_hash = card.get("content_hash") or _files_hash(
+        [folder / TRAIN, *([folder / EVAL] if evaluation else [])])
+    return PromptRows(folder, train, evaluation, classes, PromptSettings.from_dict(settings), str(content_hash),
+                      dict(card))
 
 
-def failure_classes(rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for row in rows:
-        key = str(row.get("failure_class") or ("valid" if row.get("valid") else "unknown"))
-        counts[key] = counts.get(key, 0) + 1
-    return dict(sorted(counts.items()))
+def _files_hash(paths: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                digest.update(chunk)
+    return digest.hexdigest()

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from tracemill.trainer.config import TrainConfig
-from tracemill.trainer.dataset import PromptRows, failure_classes, load_rows
+from tracemill.trainer.dataset import PromptRows, load_rows
 from tracemill.trainer.launch import launch_command, shell, vllm_server_command
 from tracemill.trainer.rewards import REWARD_FUNCTIONS, TERMS
 
@@ -80,9 +80,9 @@ class Plan:
             "vllm_server_command": shell(server) if server else None,
             "device": self.device,
             "start_model": self.start_model,
-            "dataset": {"folder": str(self.rows.folder), "train_rows": len(self.rows.train),
-                        "eval_rows": len(self.rows.eval), "content_hash": self.rows.content_hash,
-                        "failure_classes": failure_classes(self.rows.train),
+            "dataset": {"folder": str(self.rows.folder), "train_rows": self.rows.train_rows,
+                        "eval_rows": self.rows.eval_rows, "content_hash": self.rows.content_hash,
+                        "failure_classes": self.rows.failure_classes,
                         "prompt_settings": self.rows.prompt_settings.to_dict()},
             "rewards": dict(zip(self.reward_names(), self.reward_weights(), strict=True)),
             "grpo": self.grpo_arguments(),
@@ -143,7 +143,6 @@ def summarize(history: list[dict[str, Any]]) -> dict[str, Any]:
 
 def train(plan: Plan, resume: bool = False, echo: Callable[[str], None] = print) -> Outcome:
     """Train and save the model folder. Checkpoints of another run in the output folder are never overwritten."""
-    from datasets import Dataset
     from transformers.trainer_callback import ProgressCallback
     from transformers.trainer_utils import get_last_checkpoint
     from trl import GRPOConfig, GRPOTrainer
@@ -164,7 +163,7 @@ def train(plan: Plan, resume: bool = False, echo: Callable[[str], None] = print)
         from tracemill.trainer.warmup import warm_up
 
         echo(f"warm-up: {c.warmup.steps} supervised steps on the train split's (prompt, answer) pairs")
-        warm_up(c.model.base, plan.rows.train[: c.data.max_train_rows], plan.out / WARMUP, c.warmup.steps,
+        warm_up(c.model.base, plan.rows.read(limit=c.data.max_train_rows), plan.out / WARMUP, c.warmup.steps,
                 c.warmup.learning_rate, c.warmup.batch_size, c.grpo.seed, plan.device, plan.rows.prompt_settings,
                 c.eval.max_new_tokens or c.grpo.max_completion_length)
         (plan.out / WARMUP / WARMED).write_text(f"{c.warmup.steps} steps from {c.model.base}\n")
@@ -184,9 +183,9 @@ def train(plan: Plan, resume: bool = False, echo: Callable[[str], None] = print)
     callbacks: list[Any] = [MetricsLog(plan.out / METRICS), stop]
     if c.output.tensorboard:
         callbacks.append(TensorBoard(plan.out / TENSORBOARD))
+    rows = plan.rows.training_dataset(plan.out, c.data.max_train_rows)
     trainer = GRPOTrainer(model=plan.start_model, reward_funcs=rewards, args=args, peft_config=peft_config,
-                          train_dataset=Dataset.from_dict(plan.rows.training_columns(c.data.max_train_rows)),
-                          callbacks=callbacks)
+                          train_dataset=rows, callbacks=callbacks)
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(CompactProgress())
     trainer.train(resume_from_checkpoint=last if resume else None)
@@ -194,6 +193,8 @@ def train(plan: Plan, resume: bool = False, echo: Callable[[str], None] = print)
     metrics = summarize(trainer.state.log_history)
     if stop.interrupted:
         return Outcome(None, interrupted=True, main_process=main, metrics=metrics)
+    for cached in rows.cache_files:  # kept for --resume until the run is done; each process maps its own
+        Path(cached["filename"]).unlink(missing_ok=True)
     model_dir = plan.out / MODEL
     trainer.save_model(str(model_dir))
     if main:
