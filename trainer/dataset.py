@@ -8,6 +8,7 @@ an Arrow file (`training_dataset`), memory-mapped, as `datasets` reads its own."
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 from collections import Counter
@@ -58,12 +59,7 @@ class PromptRows:
     def read(self, split: str = TRAIN, limit: int | None = None) -> list[dict[str, Any]]:
         """The first `limit` rows of a split's file (every row without), as dicts: for the warm-up's pairs and the
         benchmarks, not for GRPO."""
-        rows: list[dict[str, Any]] = []
-        for _, row in _lines(self.folder / split):
-            if limit is not None and len(rows) >= limit:
-                break
-            rows.append(row)
-        return rows
+        return [row for _, row in itertools.islice(_lines(self.folder / split), limit)]
 
     def training_dataset(self, folder: Path, limit: int | None = None) -> Dataset:
         """The columns GRPOTrainer takes (`prompt` and the reward columns) of the first `limit` train rows, written to
@@ -81,9 +77,7 @@ class PromptRows:
             with pa.OSFile(str(partial), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
                 batch: list[dict[str, Any]] = []
                 chars = 0
-                for n, (_, row) in enumerate(_lines(self.train_path)):
-                    if limit is not None and n >= limit:
-                        break
+                for _, row in itertools.islice(_lines(self.train_path), limit):
                     batch.append(_training_row(row))
                     chars += sum(len(v) for v in batch[-1].values() if isinstance(v, str))
                     if chars >= _ARROW_BATCH_CHARS:
