@@ -81,7 +81,7 @@ class Proxy:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
         self.upstream = Upstream(config.upstream, config.timeout)
-        self.metrics = Metrics()
+        self.metrics = Metrics(traced=config.trace)
         self.toolsets = Toolsets()
         static = config.reviser
         reviser = make_reviser(static)

@@ -178,12 +178,14 @@ def test_traces_land_in_a_real_collector(model, start_proxy, start_collector, sq
     collector = start_collector(sqlite_url)
     tm.init(collector.url, service_name="tracemill-serve", set_global=False)
     try:
-        client = _client(start_proxy(upstream.url + "/v1", trace=True))
+        proxy = start_proxy(upstream.url + "/v1", trace=True)
+        client = _client(proxy)
         chosen = [c for c in CASES if c.recoverable][:10] + [c for c in CASES if c.valid_as_sent][:10]
         for i, case in enumerate(chosen):
             _ask(client, case, stream=bool(i % 2))
         time.sleep(0.3)  # spans are recorded after each answer is sent
         assert tm.flush(10)
+        assert _span_metrics(proxy) == {"ended": 30.0, "sent": 30.0, "failed": 0.0, "unsent": 0.0}
     finally:
         tm.shutdown()
     engine = make_engine(sqlite_url)
@@ -300,6 +302,46 @@ def test_everything_else_passes_through(model, start_proxy) -> None:
     assert httpx.get(proxy.url + "/version").json() == {"version": "scripted"}
     models = [m.id for m in _client(proxy).models.list()]
     assert models == ["scripted-llama"]  # the reviser's own adapters are not the agent's business
+
+
+def _span_metrics(proxy: ServerThread) -> dict[str, float]:
+    """The sidecar's span figures from `/metrics`, as a dashboard scrapes them."""
+    shown = dict(line.rsplit(" ", 1) for line in httpx.get(proxy.url + "/metrics").text.splitlines()
+                 if line.startswith("tracemill_serve_spans_"))
+    return {"ended": float(shown["tracemill_serve_spans_ended_total"]),
+            "sent": float(shown['tracemill_serve_spans_exported_total{result="sent"}']),
+            "failed": float(shown['tracemill_serve_spans_exported_total{result="failed"}']),
+            "unsent": float(shown["tracemill_serve_spans_unsent"])}
+
+
+def test_metrics_show_the_spans_a_stalled_collector_lost(model, start_proxy, monkeypatch) -> None:
+    """A collector that takes connections and never answers: each export waits out its timeout, the SDK's queue (4
+    spans here) fills and drops spans. `/metrics` counts both losses: the failed requests' spans and the dropped."""
+    import socket
+
+    import tracemill.sdk as tm
+
+    _, upstream = model
+    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "4")
+    monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "2")
+    with socket.socket() as stalled:
+        stalled.bind(("127.0.0.1", 0))
+        stalled.listen(64)
+        tm.init(f"http://127.0.0.1:{stalled.getsockname()[1]}", service_name="tracemill-serve", set_global=False,
+                export_timeout_s=1.0)
+        try:
+            proxy = start_proxy(upstream.url + "/v1", trace=True)
+            client = _client(proxy)
+            for case in [c for c in CASES if c.valid_as_sent][:20]:
+                _ask(client, case, stream=False)
+            time.sleep(0.3)  # spans are recorded after each answer is sent
+            assert not tm.flush(10)
+            figures = _span_metrics(proxy)
+        finally:
+            tm.shutdown()
+    assert figures["ended"] == 20 and figures["sent"] == 0
+    assert figures["failed"] > 0 and figures["unsent"] > 0  # some were tried and refused, the rest dropped
+    assert figures["failed"] + figures["unsent"] == 20
 
 
 def test_revise_endpoint_health_and_metrics(model, start_proxy) -> None:

@@ -10,7 +10,8 @@
 Integrations: `tracemill.sdk.openai`, `tracemill.sdk.langchain`, `tracemill.sdk.mcp`.
 """
 
-from tracemill.sdk.core import ChatCall, ToolExecution, agent, chat, flush, init, shutdown, tool
+from tracemill.sdk.core import ChatCall, Delivery, ToolExecution, agent, chat, delivery, flush, init, shutdown, tool
 from tracemill.sdk.redact import Redactor
 
-__all__ = ["ChatCall", "Redactor", "ToolExecution", "agent", "chat", "flush", "init", "shutdown", "tool"]
+__all__ = ["ChatCall", "Delivery", "Redactor", "ToolExecution", "agent", "chat", "delivery", "flush", "init",
+           "shutdown", "tool"]

@@ -53,27 +53,38 @@ def chunks(spans: Sequence[ReadableSpan], max_bytes: int) -> Iterator[Sequence[R
 
 
 class SizedExporter(SpanExporter):
-    """`exporter`, given a batch as requests of about `max_bytes` each; `failed` counts the spans of requests that
-    failed since `take_failed` was last called."""
+    """`exporter`, given a batch as requests of about `max_bytes` each. It counts the spans it delivered (`sent`) and
+    those of requests that failed (`failed`), from the start; `take_failed` says how many failed since it was last
+    called."""
 
     def __init__(self, exporter: SpanExporter, max_bytes: int = MAX_REQUEST_BYTES) -> None:
         self.exporter = exporter
         self.max_bytes = max_bytes
-        self.failed = 0
-        self._lock = threading.Lock()  # export runs on the batch processor's thread, take_failed on the caller's
+        self.sent = self.failed = 0
+        self._failed_taken = 0
+        self._lock = threading.Lock()  # export runs on the batch processor's thread, the readers on the caller's
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         result = SpanExportResult.SUCCESS
         for chunk in chunks(spans, self.max_bytes):
-            if self.exporter.export(chunk) is not SpanExportResult.SUCCESS:
-                with self._lock:
+            delivered = self.exporter.export(chunk) is SpanExportResult.SUCCESS
+            with self._lock:
+                if delivered:
+                    self.sent += len(chunk)
+                else:
                     self.failed += len(chunk)
+            if not delivered:
                 result = SpanExportResult.FAILURE
         return result
 
+    def counts(self) -> tuple[int, int]:
+        """(sent, failed), read together."""
+        with self._lock:
+            return self.sent, self.failed
+
     def take_failed(self) -> int:
         with self._lock:
-            failed, self.failed = self.failed, 0
+            failed, self._failed_taken = self.failed - self._failed_taken, self.failed
         return failed
 
     def shutdown(self) -> None:

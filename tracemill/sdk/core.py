@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
@@ -28,10 +29,38 @@ log = logging.getLogger("tracemill.sdk")
 SCOPE = "tracemill.sdk"
 
 
+class _Ended(SpanProcessor):
+    """Counts the spans ended: ahead of the batch processor, so that a span is counted before it can be sent."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._lock = threading.Lock()  # spans end on any of the agent's threads
+
+    def on_end(self, span: ReadableSpan) -> None:
+        with self._lock:
+            self.count += 1
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """What became of the spans recorded since `init`."""
+
+    ended: int
+    sent: int  # the collector took them
+    failed: int  # their request was refused or could not reach the collector: lost, as the log said
+
+    @property
+    def unsent(self) -> int:
+        """Spans waiting in the batch processor's queue, or dropped from it: it holds `OTEL_BSP_MAX_QUEUE_SIZE` spans
+        (2,048 by default) and drops one for each span ended while it is full. After `flush`, only the dropped."""
+        return self.ended - self.sent - self.failed
+
+
 @dataclass
 class _State:
     provider: TracerProvider | None = None
     exporter: SizedExporter | None = None
+    ended: _Ended | None = None
     redactor: Redactor = field(default_factory=Redactor)
     capture_messages: bool = True
 
@@ -75,9 +104,11 @@ def init(
     exporter = SizedExporter(OTLPSpanExporter(endpoint=traces_url(endpoint), headers=headers,
                                               timeout=export_timeout_s), max_request_bytes)
     provider = TracerProvider(resource=Resource.create(attributes), shutdown_on_exit=False)
+    ended = _Ended()
+    provider.add_span_processor(ended)
     provider.add_span_processor(BatchSpanProcessor(exporter, export_timeout_millis=export_timeout_s * 1000))
     shutdown()
-    _state.provider, _state.exporter = provider, exporter
+    _state.provider, _state.exporter, _state.ended = provider, exporter, ended
     _state.redactor = Redactor(redact)
     _state.capture_messages = capture_messages
     if set_global and isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
@@ -88,16 +119,25 @@ def init(
 def flush(timeout_s: float = 10.0) -> bool:
     """Export what is buffered; False when it could not all be delivered in time, or when a request since the last
     flush failed (the collector refused it or could not be reached: its spans are lost, as the log said)."""
-    if _state.provider is None:
+    if _state.provider is None or _state.exporter is None:
         return True
     done = _state.provider.force_flush(int(timeout_s * 1000))
-    return done and (_state.exporter is None or _state.exporter.take_failed() == 0)
+    return done and _state.exporter.take_failed() == 0
+
+
+def delivery() -> Delivery | None:
+    """Counts of the spans ended, sent and lost since `init` (None before it): a process can show them as metrics,
+    as the sidecar does on `/metrics`."""
+    if _state.exporter is None or _state.ended is None:
+        return None
+    sent, failed = _state.exporter.counts()
+    return Delivery(_state.ended.count, sent, failed)  # read after: a span is counted ended before it is sent
 
 
 def shutdown() -> None:
     if _state.provider is not None:
         _state.provider.shutdown()
-        _state.provider, _state.exporter = None, None
+        _state.provider, _state.exporter, _state.ended = None, None, None
 
 
 atexit.register(shutdown)
