@@ -96,20 +96,27 @@ def _print_table(title: str, heads: list[str], body: list[list[str]], markdown: 
     """A rich table, or Markdown; the columns in `folding` (labels, lists) fold where the terminal is narrow, the
     others (counts, rates, trends) are kept whole."""
     if markdown:
-        lines = ["| " + " | ".join(heads) + " |",
+        lines = [_cell(title), "", "| " + " | ".join(map(_cell, heads)) + " |",
                  "| " + " | ".join("---" if i in folding else "---:" for i in range(len(heads))) + " |"]
-        lines += ["| " + " | ".join(row) + " |" for row in body]
+        lines += ["| " + " | ".join(map(_cell, row)) + " |" for row in body]
         click.echo("\n".join(lines))
         return
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=title)
+    table = Table(title=escape(title))  # tool, model and harness names come from traces: `[/x]` is not markup
     for i, head in enumerate(heads):
-        table.add_column(head, justify="left" if i in folding else "right", no_wrap=i not in folding, overflow="fold")
+        table.add_column(escape(head), justify="left" if i in folding else "right", no_wrap=i not in folding,
+                         overflow="fold")
     for row in body:
-        table.add_row(*row)
+        table.add_row(*map(escape, row))
     Console().print(table)
+
+
+def _cell(text: str) -> str:
+    """Text as one Markdown table cell: a `|` escaped, line breaks made spaces (names come from traces)."""
+    return " ".join(text.replace("\\", "\\\\").replace("|", "\\|").split())
 
 
 

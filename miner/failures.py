@@ -17,7 +17,7 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Engine, case, func, or_, select
@@ -112,7 +112,7 @@ class FailureReport:
     total_calls: int
     failed_calls: int
     modes: list[FailureMode]
-    calls_by_day: dict[str, int]
+    calls_by_day: dict[str, int]  # every day from the first call's to the last's, 0 where no call was made
     calls_by_model: dict[str, int]
     calls_by_harness: dict[str, int]
     filters: dict[str, Any]
@@ -222,8 +222,18 @@ class FailureCounts:
                              dict(per_model[key].most_common()), dict(per_harness[key].most_common()), fields)
                  for key, n in (ranked[:limit] if limit is not None else ranked)]
         filters = self.where.to_dict() | ({"since_day": since_day} if since_day is not None else {})
-        return FailureReport(total, sum(counts.values()), modes, dict(sorted(calls_by_day.items())),
+        return FailureReport(total, sum(counts.values()), modes, _every_day(calls_by_day),
                              dict(calls_by_model.most_common()), dict(calls_by_harness.most_common()), filters, fields)
+
+
+def _every_day(counts: Counter[str]) -> dict[str, int]:
+    """The counts by day (ISO dates), with the days between them that have none as 0: a trend drawn from them shows
+    a gap as a gap."""
+    if not counts:
+        return {}
+    first, last = date.fromisoformat(min(counts)), date.fromisoformat(max(counts))
+    days = (first + timedelta(days=n) for n in range((last - first).days + 1))
+    return {day.isoformat(): counts.get(day.isoformat(), 0) for day in days}
 
 
 def _engine(source: Engine | Connection) -> Engine:
@@ -248,8 +258,9 @@ def failure_modes(source: Engine | Connection, where: CallFilter = CallFilter(),
 
 @dataclass(frozen=True, slots=True)
 class HarnessComparison:
-    """One mode's rate under harness versions `a` and `b`, and a two-sided two-proportion z-test of the difference.
-    `significant` holds the p-value against `alpha` divided by the number of modes compared (Bonferroni)."""
+    """One mode's rate under harness versions `a` and `b`, and a two-sided test of the difference
+    (`two_proportion_test`: the z-test, or Fisher's exact test where counts are small). `significant` holds the
+    p-value against `alpha` divided by the number of modes compared (Bonferroni)."""
 
     key: FailureKey
     a: str
@@ -289,8 +300,10 @@ class HarnessComparison:
 
 
 def two_proportion_test(x1: int, n1: int, x2: int, n2: int) -> tuple[float, float]:
-    """(z, two-sided p-value) of the pooled two-proportion z-test; (0, 1) when either sample is empty or there is no
-    variance to test."""
+    """(z, two-sided p-value) of the difference between x1/n1 and x2/n2: z of the pooled two-proportion z-test (its
+    sign says which way), and its p-value where every expected count of the 2x2 table is 5 or more; below that the
+    normal approximation claims too much (0 of 1,000 against 4 of 1,000: p 0.045), and the p-value is Fisher's exact
+    test's (0.125). (0, 1) when either sample is empty or there is no variance to test."""
     if n1 == 0 or n2 == 0:
         return 0.0, 1.0
     pooled = (x1 + x2) / (n1 + n2)
@@ -298,7 +311,28 @@ def two_proportion_test(x1: int, n1: int, x2: int, n2: int) -> tuple[float, floa
     if variance <= 0:
         return 0.0, 1.0
     z = (x2 / n2 - x1 / n1) / math.sqrt(variance)
+    failed, total = x1 + x2, n1 + n2
+    if min(n1, n2) * min(failed, total - failed) < 5 * total:  # the smallest expected count is under 5
+        return z, fisher_exact(x1, n1, x2, n2)
     return z, math.erfc(abs(z) / math.sqrt(2))
+
+
+def fisher_exact(x1: int, n1: int, x2: int, n2: int) -> float:
+    """Two-sided p-value of Fisher's exact test on the 2x2 table (x1, n1 - x1; x2, n2 - x2): the probability, with
+    the margins fixed, of every table no more likely than this one (as R's `fisher.test` and SciPy sum them)."""
+    failed, total = x1 + x2, n1 + n2
+
+    def log_p(k: int) -> float:  # the table with k of the failures in the first sample: hypergeometric
+        return _log_choose(failed, k) + _log_choose(total - failed, n1 - k) - _log_choose(total, n1)
+
+    observed = log_p(x1) + 1e-7  # tables as likely as this one, to rounding, count as no more likely
+    p = sum(math.exp(lp) for k in range(max(0, n1 - (total - failed)), min(failed, n1) + 1)
+            if (lp := log_p(k)) <= observed)
+    return min(1.0, p)
+
+
+def _log_choose(n: int, k: int) -> float:
+    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
 
 
 def compare_harness(source: Engine | Connection, a: str, b: str, where: CallFilter = CallFilter(), *,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 
 from click.testing import CliRunner
 from sqlalchemy import func, select, update
@@ -15,7 +16,14 @@ from tracemill.cli import main
 from tracemill.collector.decode import Limits, decode_protobuf
 from tracemill.collector.persist import SpanWriter
 from tracemill.miner.cli import _trend
-from tracemill.miner.failures import FailureCounts, compare_harness, failure_modes, failure_report, two_proportion_test
+from tracemill.miner.failures import (
+    FailureCounts,
+    compare_harness,
+    failure_modes,
+    failure_report,
+    fisher_exact,
+    two_proportion_test,
+)
 from tracemill.rates import sparkline
 from tracemill.store import traces
 from tracemill.store.engine import make_engine
@@ -35,8 +43,9 @@ UNKNOWN_TOOL = {"name": "get_wether", "arguments": {"city": "Rome"}}
 
 
 def _store(db_url: str, plan: dict[str, list[tuple[dict, int]]], model: str = "qwen3",  # type: ignore[no-untyped-def]
-           first: int = 0):
-    """One span per call; `plan`: harness version -> (call, how many); trace and span ids count on from `first`."""
+           first: int = 0, day: Callable[[int], int] = lambda n: n % 2):
+    """One span per call; `plan`: harness version -> (call, how many); trace and span ids count on from `first`;
+    `day`: the n-th call's day after START."""
     engine = make_engine(db_url)
     upgrade(engine)
     writer = SpanWriter(engine.dialect)
@@ -47,7 +56,7 @@ def _store(db_url: str, plan: dict[str, list[tuple[dict, int]]], model: str = "q
             for _ in range(times):
                 n += 1
                 attrs = chat_attributes([{"id": f"c{n}", **call}], model=model if n % 3 else "llama3.1-8b")
-                spans.append(make_span(f"{n:032x}", f"{n:016x}", "chat", attrs, start_ns=START + (n % 2) * DAY))
+                spans.append(make_span(f"{n:032x}", f"{n:016x}", "chat", attrs, start_ns=START + day(n) * DAY))
         body = export_request(spans, resource={"tracemill.harness.version": harness})
         batch = writer.prepare(decode_protobuf(body, Limits(1 << 24)).spans)
         with engine.begin() as conn:
@@ -123,6 +132,48 @@ def test_two_proportion_test_matches_the_textbook_value() -> None:
     assert two_proportion_test(0, 0, 3, 10) == (0.0, 1.0)
 
 
+def test_small_counts_are_tested_exactly_not_by_the_normal_approximation() -> None:
+    assert abs(fisher_exact(1, 10, 11, 14) - 0.0027594561852200853) < 1e-12  # SciPy's and R's worked example
+    assert abs(fisher_exact(8, 10, 1, 6) - 0.034965034965035) < 1e-12
+    # none of 1,000 calls against 4 of 1,000: the z-test's p is 0.045, which a rare mode must not be called on
+    z, p = two_proportion_test(0, 1000, 4, 1000)
+    assert z > 0 and abs(p - 0.1249) < 1e-3
+    assert two_proportion_test(0, 3, 3, 3)[1] > 0.05  # three of three against none of three: p 0.1 exactly
+
+
+def test_a_rare_mode_that_a_few_more_calls_hit_is_not_called_significant(db_url: str) -> None:
+    engine = _store(db_url, {"v1": [(GOOD, 1000)], "v2": [(GOOD, 996), (WRONG_TYPE, 4)]})
+    (row,) = compare_harness(engine, "v1", "v2", by=("stage", "kind"))
+    assert (row.count_a, row.count_b) == (0, 4) and not row.significant and row.change == "no significant change"
+
+
+def test_days_without_calls_are_gaps_in_the_trend(db_url: str) -> None:
+    engine = _store(db_url, {"v1": [(WRONG_TYPE, 2), (GOOD, 2)]}, day=lambda n: 0 if n <= 2 else 20)
+    report = failure_report(engine, by=("stage",))
+    assert list(report.calls_by_day) == [f"2026-{m:02}-{d:02}" for m, d in [(5, 28), (5, 29), (5, 30), (5, 31)]
+                                         + [(6, d) for d in range(1, 18)]]
+    assert report.calls_by_day["2026-05-28"] == 2 and report.calls_by_day["2026-06-17"] == 2
+    assert sum(report.calls_by_day.values()) == 4
+    # two-day bars: the first has the failed calls, the last the good ones, nine bars of no calls between
+    assert _trend(report.modes[0].by_day, report.calls_by_day) == "█" + " " * 9 + "▁ 100.0%→0.0%"
+
+
+def test_names_from_traces_print_as_they_are_in_the_table_and_markdown(sqlite_url: str) -> None:
+    odd = [({"name": "x[/y]", "arguments": {}}, 2), ({"name": "a|b\nc", "arguments": {}}, 1), (GOOD, 7)]
+    _store(sqlite_url, {"v1": odd})
+    runner = CliRunner()
+    table = runner.invoke(main, ["failures", "--db", sqlite_url, "--by", "tool"], env={"COLUMNS": "120"})
+    assert table.exit_code == 0, table.output
+    assert "x[/y]" in table.output
+    markdown = runner.invoke(main, ["failures", "--db", sqlite_url, "--by", "tool", "--markdown"])
+    assert markdown.exit_code == 0, markdown.output
+    lines = markdown.output.splitlines()
+    assert lines[0] == "3 of 10 calls failed; days 2026-05-28 .. 2026-05-29"
+    rows = [line for line in lines if line.startswith(("| x[", "| a"))]
+    assert [r.split(" | ")[0] for r in rows] == ["| x[/y]", "| a\\|b c"]
+    assert all(len(re.findall(r"(?<!\\)\|", r)) == 7 for r in rows)  # six cells: no name adds a column
+
+
 def test_a_trend_is_drawn_from_zero_to_the_modes_highest_daily_rate() -> None:
     assert sparkline([0.1, 0.2, None, 0.4]) == "▃▅ █"
     assert sparkline([0.005] * 3) == "███"  # a steady rate is level, its noise not drawn tall
@@ -144,7 +195,8 @@ def test_the_command_prints_a_table_json_markdown_and_a_comparison(sqlite_url: s
     as_json = json.loads(runner.invoke(main, ["failures", "--db", sqlite_url, "--json"]).output)
     assert as_json["total_calls"] == 20 and as_json["modes"][0]["count"] == 2
     markdown = runner.invoke(main, ["failures", "--db", sqlite_url, "--markdown", "--harness", "v1"]).output
-    assert markdown.startswith("| mode |") and "unknown_tool" not in markdown
+    assert markdown.startswith("2 of 10 calls failed; days 2026-05-28 .. 2026-05-29\n\n| mode |")
+    assert "unknown_tool" not in markdown
     assert "| get_weather · schema · wrong_type · /arguments/city | 2 | 20.0% | ██ 20.0%→20.0% |" in markdown
     compared = runner.invoke(main, ["failures", "--db", sqlite_url, "--compare", "v1", "v2", "--json"])
     assert {r["label"] for r in json.loads(compared.output)["modes"]} == {

@@ -29,12 +29,13 @@ def _report(ctx: Context, fields: tuple[str, ...], days: int | None) -> FailureR
 
 
 def _rates(report: FailureReport, split: str, totals: dict[str, int]) -> Any:
-    """The top modes' failure rates per value of `split` (`by_day`, `by_model`, `by_harness`): one column a mode."""
+    """The top modes' failure rates per value of `split` (`by_day`, `by_model`, `by_harness`): one column a mode; a
+    day without calls has no rate (a gap in the line)."""
     import pandas as pd
 
-    rows = {m.label: {k: getattr(m, split).get(k, 0) / n for k, n in totals.items() if n}
+    rows = {m.label: {k: getattr(m, split).get(k, 0) / n if n else None for k, n in totals.items()}
             for m in report.modes[:SHOWN]}
-    return pd.DataFrame(rows).fillna(0.0)
+    return pd.DataFrame(rows, dtype=float)
 
 
 def render() -> None:
@@ -105,7 +106,7 @@ def _compare(report: FailureReport) -> None:
     rows = harness_changes(report, a, b)
     changed = [r for r in rows if r.significant]
     st.markdown(f"**{a} → {b}**: {len(changed)} of {len(rows)} modes changed significantly "
-                f"(two-proportion z-test, Bonferroni over the modes).")
+                f"(two-proportion z-test, Fisher's exact test where counts are small; Bonferroni over the modes).")
     st.dataframe([{"mode": r.label, f"{a} rate": r.rate_a, f"{b} rate": r.rate_b, "p-value": r.p_value,
                    "change": r.change} for r in rows], hide_index=True, width="stretch",
                  column_config={f"{a} rate": st.column_config.NumberColumn(format="percent"),
