@@ -34,10 +34,10 @@ from tracemill.serving.adapters import PREFIX, Adapters
 from tracemill.serving.follow import Follower
 from tracemill.serving.metrics import Metrics
 from tracemill.serving.plan import Serving, conversation_of
-from tracemill.serving.revising import UNCHANGED, Look, Revised, ask, look, revise_message
+from tracemill.serving.revising import UNCHANGED, Look, Revised, ask, combined, look, revise_message
 from tracemill.serving.stream import DONE, EventSplitter, Streamer, event
 from tracemill.serving.toolsets import Toolset, Toolsets
-from tracemill.serving.tracing import Exchange, record
+from tracemill.serving.tracing import CLIENT_GONE, Exchange, record
 from tracemill.serving.upstream import ClientGone, Upstream, UpstreamError, error_body, error_response, until_disconnect
 from tracemill.tools import ToolFormatError
 
@@ -180,7 +180,8 @@ class Proxy:
         except (orjson.JSONDecodeError, KeyError, TypeError):
             return self._with(Response(answer.body, 200, answer.headers), call, "unread")
         outcome = await self._check(call, data, choices)
-        content = answer.body if outcome in (UNCHANGED, "refused", None) else orjson.dumps(data)
+        changed = any(r is not None and r.changed for r in call.exchange.revised)
+        content = orjson.dumps(data) if changed else answer.body
         return self._with(Response(content, 200, answer.headers), call, outcome)
 
     async def _reach(self, request: Request, call: _Call, opening: Awaitable[_T]) -> _T | Response:
@@ -188,7 +189,8 @@ class Proxy:
         try:
             return await until_disconnect(request, opening)
         except ClientGone:
-            return Response(status_code=499)
+            call.exchange.error_type, call.exchange.error = CLIENT_GONE, "the client left before the upstream answered"
+            return self._with(Response(status_code=499), call, None)
         except UpstreamError as exc:
             failed = self.upstream.error(exc)
             call.exchange.error = failed.body.decode()
@@ -223,9 +225,7 @@ class Proxy:
                 message["tracemill"] = _extension(revised, call.serving, original)
                 if not original.get("tool_calls"):
                     choice["finish_reason"] = "tool_calls"
-        if call.toolset is None:
-            return None
-        return next((o for o in outcomes if o != UNCHANGED), UNCHANGED)
+        return combined(outcomes) if call.toolset is not None else None
 
     async def _stream(self, request: Request, call: _Call) -> Response:
         started = time.perf_counter()
@@ -278,6 +278,10 @@ class Proxy:
             call.exchange.error = failed.body.decode()
             yield event(error_body(failed.status_code, f"the stream broke off: {call.exchange.error}",
                                    "upstream_error"))
+        except (asyncio.CancelledError, GeneratorExit):  # the client left: traced, its unfinished choices unrecorded
+            status = 499
+            call.exchange.error_type, call.exchange.error = CLIENT_GONE, "the client left before the answer ended"
+            raise
         finally:
             self.upstream.close(response, finished)
             call.exchange.upstream_ms = (time.perf_counter() - started) * 1000 - call.exchange.revise_ms
@@ -285,7 +289,8 @@ class Proxy:
             call.exchange.usage = streamer.usage if isinstance(streamer.usage, dict) else None
             background = self._finish(call, status)
             if background is not None:
-                await background()
+                with anyio.CancelScope(shield=True):  # a client that left cancels the stream: its trace is kept
+                    await background()
 
     async def _close(self, call: _Call, streamer: Streamer, at: int) -> list[bytes]:
         original = streamer.original(at)

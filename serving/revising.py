@@ -12,7 +12,7 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,5 +154,16 @@ def revise_message(content: Any, seen: Look, index: Mapping[str, Tool], context:
         first_id = call.get("id") if isinstance(call.get("id"), str) else None
         sent.extend(openai_call(c, first_id if k == 0 else None) for k, c in enumerate(revision.calls))
     out.tool_calls = sent
-    out.outcome = UNCHANGED if not (fixed or refused) else REFUSED if not fixed else PARTIAL if refused else REVISED
+    out.outcome = _outcome(fixed, refused)
     return out
+
+
+def _outcome(fixed: int, refused: int) -> str:
+    return UNCHANGED if not (fixed or refused) else REFUSED if not fixed else PARTIAL if refused else REVISED
+
+
+def combined(outcomes: Iterable[str]) -> str:
+    """The outcome of an answer from its choices' (n > 1): as a message's from its calls', `partial` where one choice
+    was revised and another refused."""
+    seen = set(outcomes)
+    return _outcome(bool(seen & {REVISED, PARTIAL}), bool(seen & {REFUSED, PARTIAL}))

@@ -46,8 +46,10 @@ class EventSplitter:
         self._buffer = b""
 
     def feed(self, data: bytes) -> list[bytes]:
-        self._buffer += data.replace(b"\r\n", b"\n") if b"\r" in data else data
-        *whole, self._buffer = self._buffer.split(b"\n\n")
+        buffer = self._buffer + data
+        if b"\r" in buffer:  # normalised here, not per read: a read may end between the \r and the \n
+            buffer = buffer.replace(b"\r\n", b"\n")
+        *whole, self._buffer = buffer.split(b"\n\n")
         return [e + b"\n\n" for e in whole if e]
 
     def rest(self) -> bytes:
@@ -62,7 +64,9 @@ class _Choice:
     held: str = ""  # text held to the end: a call may start there
     holding: bool = False
     calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    logprobs: list[Any] = field(default_factory=list)  # of the tokens whose text is held, sent with it
     finish: dict[str, Any] | None = None  # the finishing choice, less its delta
+    usage: Any = None  # the usage that came with the finish, sent with it
     closed: bool = False
 
     def content(self) -> str | None:
@@ -71,6 +75,13 @@ class _Choice:
 
     def tool_calls(self) -> list[dict[str, Any]]:
         return [self.calls[k] for k in sorted(self.calls)]
+
+
+def _logprobs(item: Mapping[str, Any]) -> list[Any]:
+    """The token logprobs of a streamed choice (`logprobs.content`), or none."""
+    logprobs = item.get("logprobs")
+    content = logprobs.get("content") if isinstance(logprobs, Mapping) else None
+    return list(content) if isinstance(content, list) else []
 
 
 class Streamer:
@@ -88,6 +99,7 @@ class Streamer:
     def _text(self, choice: _Choice, text: str) -> str:
         """The part of a content delta to send now."""
         if not self.text_calls or choice.calls:
+            choice.sent.append(text)
             return text
         if choice.holding:
             choice.held += text
@@ -128,7 +140,8 @@ class Streamer:
         if not isinstance(chunk, dict) or not isinstance(chunk.get("choices"), list):
             return [raw]  # an error object, or something this proxy does not read
         self.template = {k: v for k, v in chunk.items() if k not in ("choices", "usage")}
-        self.usage = chunk.get("usage") or self.usage
+        usage = chunk.get("usage")
+        self.usage = usage or self.usage
         untouched = True
         out: list[dict[str, Any]] = []
         for item in chunk["choices"]:
@@ -138,12 +151,19 @@ class Streamer:
             choice = self.choices.setdefault(at, _Choice())
             delta = item.get("delta") if isinstance(item.get("delta"), dict) else {}
             kept = {k: v for k, v in delta.items() if k not in ("content", "tool_calls")}
+            shown = {k: v for k, v in item.items() if k not in ("delta", "finish_reason")}
             text = delta.get("content")
             if isinstance(text, str) and text:
                 release = self._text(choice, text)
-                untouched &= release == text
+                if release != text:  # some text held: its tokens' logprobs go out with it, when it does
+                    untouched = False
+                    choice.logprobs += _logprobs(item)
+                    shown.pop("logprobs", None)
                 if release:
                     kept["content"] = release
+                    if choice.logprobs and "logprobs" not in shown:
+                        shown["logprobs"] = {"content": choice.logprobs, "refusal": None}
+                        choice.logprobs = []
             elif "content" in delta:
                 kept["content"] = text
             for call in delta.get("tool_calls") or ():
@@ -152,14 +172,16 @@ class Streamer:
                 untouched = False
             if item.get("finish_reason") is not None:
                 untouched = False
-                choice.finish = {k: v for k, v in item.items() if k != "delta"}
+                choice.finish = {k: v for k, v in item.items() if k not in ("delta", "logprobs")}
+                choice.usage, usage = usage, None  # the finish is sent later: its usage with it
                 self._finished.append(at)
             if kept:
-                out.append({**{k: v for k, v in item.items() if k not in ("delta", "finish_reason")},
-                            "delta": kept, "finish_reason": None})
+                out.append({**shown, "delta": kept, "finish_reason": None})
         if untouched:
             return [raw]
-        return [event({**self.template, "choices": out})] if out else []
+        if not out:
+            return []
+        return [event({**self.template, "choices": out, **({"usage": usage} if usage is not None else {})})]
 
     # --- out ---
 
@@ -187,7 +209,8 @@ class Streamer:
         if revised is not None and revised.changed:
             calls = revised.tool_calls or []
         if text and not from_text:
-            out.append(self._chunk(at, {"content": text}))
+            logprobs = {"logprobs": {"content": choice.logprobs, "refusal": None}} if choice.logprobs else {}
+            out.append(self._chunk(at, {"content": text}, logprobs))
         for k, call in enumerate(calls):
             out.append(self._chunk(at, {"tool_calls": [{"index": k, **call}]}))
         finish = dict(choice.finish or {"index": at, "finish_reason": "stop"})
@@ -195,11 +218,13 @@ class Streamer:
             finish["finish_reason"] = "tool_calls"
         if extension:
             finish["tracemill"] = dict(extension)
-        out.append(event({**self.template, "choices": [{**finish, "delta": {}}]}))
+        usage = {"usage": choice.usage} if choice.usage is not None else {}
+        out.append(event({**self.template, "choices": [{**finish, "delta": {}}], **usage}))
         return out
 
-    def _chunk(self, at: int, delta: dict[str, Any]) -> bytes:
-        return event({**self.template, "choices": [{"index": at, "delta": delta, "finish_reason": None}]})
+    def _chunk(self, at: int, delta: dict[str, Any], extra: Mapping[str, Any] | None = None) -> bytes:
+        return event({**self.template, "choices": [{"index": at, "delta": delta, **(extra or {}),
+                                                    "finish_reason": None}]})
 
     def unfinished(self) -> list[int]:
         """Choices not closed yet: at the end of the stream, those the upstream never finished."""

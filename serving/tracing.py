@@ -25,7 +25,7 @@ from opentelemetry.trace import SpanKind
 
 from tracemill.sdk import core, genai
 from tracemill.serving.plan import Serving
-from tracemill.serving.revising import UNCHANGED, Revised
+from tracemill.serving.revising import UNCHANGED, Revised, combined
 from tracemill.serving.toolsets import Toolset
 
 REVISER_MODEL = "tracemill-reviser:"
@@ -38,6 +38,7 @@ REVISION_OF = "tracemill.serving.revision_of"
 UPSTREAM_MS = "tracemill.serving.upstream_ms"
 REVISE_MS = "tracemill.serving.revise_ms"
 REVISER_ERROR = "tracemill.serving.reviser_error"
+CLIENT_GONE = "client_disconnected"
 
 
 @dataclass(slots=True)
@@ -59,6 +60,7 @@ class Exchange:
     response_model: str | None = None
     usage: Mapping[str, Any] | None = None
     error: str | None = None
+    error_type: str = "upstream_error"  # or CLIENT_GONE
 
 
 def _calls(message: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -66,8 +68,7 @@ def _calls(message: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 
 def _outcome(exchange: Exchange) -> str:
-    outcomes = [r.outcome for r in exchange.revised if r is not None]
-    return next((o for o in outcomes if o != UNCHANGED), UNCHANGED)
+    return combined(r.outcome for r in exchange.revised if r is not None)
 
 
 def _start(exchange: Exchange, model: str, name: str, kind: SpanKind, context: Any,
@@ -112,7 +113,7 @@ def _record(exchange: Exchange) -> None:
                          **({DEPLOYMENT: serving.deployment_id} if serving.deployment_id is not None else {}),
                          **({REVISER_ERROR: failed} if failed else {})})
     if exchange.error:
-        core.mark_error(span, "upstream_error", exchange.error)
+        core.mark_error(span, exchange.error_type, exchange.error)
     if outcome != UNCHANGED:
         reviser_model = REVISER_MODEL + serving.version
         child = _start(exchange, reviser_model, f"revise {serving.version}", SpanKind.INTERNAL, Context(),

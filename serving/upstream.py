@@ -66,9 +66,10 @@ class Upstream:
 
     @staticmethod
     def headers(request: Request, identity: bool) -> dict[str, str]:
-        """The client's headers for the upstream; `identity`: ask for an unencoded body (one the proxy reads)."""
+        """The client's headers for the upstream; `identity`: ask for an unencoded body (one the proxy reads). A client
+        that names no encoding gets none (the HTTP client would otherwise ask for gzip, and pass it on undecoded)."""
         found = {k: v for k, v in request.headers.items() if k not in _NOT_FORWARDED}
-        if identity:
+        if identity or "accept-encoding" not in found:
             found["accept-encoding"] = "identity"
         return found
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,8 +24,15 @@ class Reply:
     tool_calls: list[dict[str, Any]] | None = None
     status: int = 200
     delay: float = 0.0  # before answering
-    chunk_delay: float = 0.0  # between streamed chunks
+    chunk_delay: float = 0.0  # between streamed chunks (after the first)
     repeat: int = 1  # streamed: the content this many times (a long answer)
+    others: tuple[Reply, ...] = ()  # not streamed: the answers of choices 1, 2, ... (a request with n > 1)
+    crlf: bool = False  # streamed: lines end in CRLF, each event in two reads: the last \n comes in the second
+    logprobs: bool = False  # streamed: each content chunk with its token's logprob (the chunk's text)
+    usage_on_finish: bool = False  # streamed: usage on the finishing chunk, as vLLM's continuous usage stats send it
+
+
+USAGE = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
 
 
 def _last_user(body: Mapping[str, Any]) -> str:
@@ -81,7 +88,8 @@ class ScriptedModel:
 
     async def echo(self, request: Request) -> Response:
         return JSONResponse({"method": request.method, "query": dict(request.query_params),
-                             "body": (await request.body()).decode(), "auth": request.headers.get("authorization")})
+                             "body": (await request.body()).decode(), "auth": request.headers.get("authorization"),
+                             "encoding": request.headers.get("accept-encoding")})
 
     async def models(self, request: Request) -> Response:
         data = [{"id": self.model, "object": "model", "owned_by": "scripted"}]
@@ -129,31 +137,36 @@ class ScriptedModel:
                                            "code": reply.status}}, reply.status)
         if body.get("stream"):
             return StreamingResponse(self._stream(key, reply, body), media_type="text/event-stream")
-        message: dict[str, Any] = {"role": "assistant", "content": reply.content}
-        if reply.tool_calls:
-            message["tool_calls"] = reply.tool_calls
+        choices = []
+        for n, answer in enumerate((reply, *reply.others)):
+            message: dict[str, Any] = {"role": "assistant", "content": answer.content}
+            if answer.tool_calls:
+                message["tool_calls"] = answer.tool_calls
+            choices.append({"index": n, "message": message, "logprobs": None,
+                            "finish_reason": "tool_calls" if answer.tool_calls else "stop"})
         sent = json.dumps({  # json's spacing, not the proxy's orjson: re-encoding would show
             "id": _response_id(), "object": "chat.completion", "created": 1, "model": self.model,
-            "choices": [{"index": 0, "message": message, "logprobs": None,
-                         "finish_reason": "tool_calls" if reply.tool_calls else "stop"}],
-            "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}}).encode()
+            "choices": choices, "usage": USAGE}).encode()
         self.sent[key] = sent
         return Response(sent, media_type="application/json")
 
     async def _stream(self, key: str, reply: Reply, body: Mapping[str, Any]):  # type: ignore[no-untyped-def]
         response_id = _response_id()
 
-        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        def chunk(delta: dict[str, Any], finish: str | None = None, **more: Any) -> bytes:
+            logprobs = None
+            if reply.logprobs and delta.get("content"):
+                logprobs = {"content": [{"token": delta["content"], "logprob": -0.5, "bytes": None,
+                                         "top_logprobs": []}], "refusal": None}
             return b"data: " + orjson.dumps({"id": response_id, "object": "chat.completion.chunk", "created": 1,
                                               "model": self.model, "choices": [
-                                                  {"index": 0, "delta": delta, "logprobs": None,
-                                                   "finish_reason": finish}]}) + b"\n\n"
-        try:
+                                                  {"index": 0, "delta": delta, "logprobs": logprobs,
+                                                   "finish_reason": finish}], **more}) + b"\n\n"
+
+        def events() -> Iterator[bytes]:
             yield chunk({"role": "assistant", "content": ""})
             text = (reply.content or "") * reply.repeat
             for i in range(0, len(text), 7):
-                if reply.chunk_delay:
-                    await asyncio.sleep(reply.chunk_delay)
                 yield chunk({"content": text[i:i + 7]})
             for k, call in enumerate(reply.tool_calls or ()):
                 yield chunk({"tool_calls": [{"index": k, "id": call["id"], "type": "function",
@@ -161,13 +174,24 @@ class ScriptedModel:
                 arguments = call["function"]["arguments"]
                 for i in range(0, len(arguments), 5):
                     yield chunk({"tool_calls": [{"index": k, "function": {"arguments": arguments[i:i + 5]}}]})
-            yield chunk({}, "tool_calls" if reply.tool_calls else "stop")
+            yield chunk({}, "tool_calls" if reply.tool_calls else "stop",
+                        **({"usage": USAGE} if reply.usage_on_finish else {}))
             if (body.get("stream_options") or {}).get("include_usage"):
                 yield b"data: " + orjson.dumps({"id": response_id, "object": "chat.completion.chunk",
                                                  "created": 1, "model": self.model, "choices": [],
-                                                 "usage": {"prompt_tokens": 11, "completion_tokens": 7,
-                                                           "total_tokens": 18}}) + b"\n\n"
+                                                 "usage": USAGE}) + b"\n\n"
             yield b"data: [DONE]\n\n"
+
+        try:
+            for n, data in enumerate(events()):
+                if reply.chunk_delay and n:  # the first (the role) at once
+                    await asyncio.sleep(reply.chunk_delay)
+                if not reply.crlf:
+                    yield data
+                    continue
+                yield data.replace(b"\n", b"\r\n")[:-1]  # the blank line's \n in the next read
+                await asyncio.sleep(0.01)
+                yield b"\n"
             self.finished.append(key)
         except (asyncio.CancelledError, GeneratorExit):
             self.disconnected.append(key)

@@ -4,6 +4,7 @@ for byte, streamed or not, and every request is traced into a real collector."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import random
 import time
@@ -216,6 +217,48 @@ def test_traces_land_in_a_real_collector(model, start_proxy, start_collector, sq
     assert any(c.stage is not None for c in originals)  # what the model sent failed, and is kept for mining
 
 
+def test_streams_are_traced_with_their_text_even_when_the_client_leaves(model, start_proxy, start_collector,
+                                                                       sqlite_url: str) -> None:
+    import tracemill.sdk as tm
+
+    scripted, upstream = model
+    scripted.replies["plain"] = Reply("It is sunny in Paris today.")
+    scripted.replies["long"] = Reply("word " * 20, chunk_delay=0.05, repeat=10)  # ~15 s of streaming
+    collector = start_collector(sqlite_url)
+    tm.init(collector.url, service_name="tracemill-serve", set_global=False)
+    try:
+        proxy = start_proxy(upstream.url + "/v1", trace=True)
+        assert _streamed(_client(proxy), "plain")[0] == "It is sunny in Paris today."  # no tools: nothing held
+        body = {"model": "scripted-llama", "stream": True, "messages": [{"role": "user", "content": "long"}]}
+        with httpx.stream("POST", proxy.url + "/v1/chat/completions", json=body, timeout=10) as response:
+            for i, _ in enumerate(response.iter_bytes()):
+                if i == 3:
+                    break
+        deadline = time.monotonic() + 5
+        while "long" not in scripted.disconnected and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # spans are recorded after each answer ends
+        assert tm.flush(10)
+    finally:
+        tm.shutdown()
+    engine = make_engine(sqlite_url)
+    deadline = time.monotonic() + 20
+    while True:
+        with Session(engine) as session:
+            chats = [s for s in session.execute(select(SpanRow)).scalars() if s.name.startswith("chat ")]
+        if len(chats) >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    engine.dispose()
+    assert len(chats) == 2
+    plain, left = sorted(chats, key=lambda s: "long" in s.attributes["gen_ai.input.messages"])
+    assert json.loads(plain.attributes["gen_ai.output.messages"])[0]["parts"] == [
+        {"type": "text", "content": "It is sunny in Paris today."}]
+    # the answer the client left is recorded as such: no half-written output for the verifier to fail
+    assert left.attributes["error.type"] == "client_disconnected" and left.status_code == 2  # OTLP STATUS_CODE_ERROR
+    assert json.loads(left.attributes["gen_ai.output.messages"])[0]["parts"] == []
+
+
 def test_upstream_errors_come_back_with_their_status(model, start_proxy) -> None:
     scripted, upstream = model
     scripted.replies["boom"] = Reply(status=503)
@@ -270,6 +313,75 @@ def test_a_client_that_disconnects_cancels_the_upstream_request(model, start_pro
     assert "long" in scripted.disconnected and "long" not in scripted.finished
 
 
+def test_each_of_several_choices_is_revised_or_left_alone_on_its_own(model, start_proxy) -> None:
+    """n=2: the first choice calls a tool nobody offered (refused: nothing to fix it with), the second has a broken
+    call the rules fix. The second arrives fixed whichever comes first."""
+    scripted, upstream = model
+    refused = Reply(tool_calls=native([{"name": "book_flight", "arguments": '{"to": "Oslo"}'}]))
+    fixable = Reply(tool_calls=native([{"name": "get_weather", "arguments": '{"city": "Paris"'}]))
+    scripted.replies["first refused"] = Reply(tool_calls=refused.tool_calls, others=(fixable,))
+    scripted.replies["first fixable"] = Reply(tool_calls=fixable.tool_calls, others=(refused,))
+    client = _client(start_proxy(upstream.url + "/v1"))
+    for key, fixed_at in (("first refused", 1), ("first fixable", 0)):
+        raw = client.chat.completions.with_raw_response.create(
+            model="scripted-llama", messages=[{"role": "user", "content": key}], tools=WEATHER_TOOLS, n=2)
+        choices = raw.parse().choices
+        assert raw.headers["x-tracemill-revision"] == "partial"
+        fixed, left = choices[fixed_at].message.tool_calls[0], choices[1 - fixed_at].message.tool_calls[0]
+        assert (fixed.function.name, json.loads(fixed.function.arguments)) == ("get_weather", {"city": "Paris"})
+        assert (left.function.name, left.function.arguments) == ("book_flight", '{"to": "Oslo"}')
+
+
+def _streamed(client: OpenAI, key: str, **kwargs: Any) -> tuple[str, list[dict[str, Any]], list[Any]]:
+    """(the text, the calls, the chunks) of a streamed answer as the openai client reads it."""
+    chunks = list(client.chat.completions.create(model="scripted-llama", messages=[{"role": "user", "content": key}],
+                                                 stream=True, **kwargs))
+    text, calls = "", {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            for tc in choice.delta.tool_calls or ():
+                call = calls.setdefault(tc.index, {"name": "", "arguments": ""})
+                call["name"] += tc.function.name or ""
+                call["arguments"] += tc.function.arguments or ""
+    return text, [calls[k] for k in sorted(calls)], chunks
+
+
+def test_a_stream_with_crlf_lines_cut_between_reads_is_read_whole(model, start_proxy) -> None:
+    """sse-starlette (llama-cpp-python) ends lines in CRLF; a read can end between the \r and the \n."""
+    scripted, upstream = model
+    scripted.replies["crlf"] = Reply('get_weather(city="Paris", units="METRIC")', crlf=True)
+    client = _client(start_proxy(upstream.url + "/v1"))
+    text, calls, chunks = _streamed(client, "crlf", tools=WEATHER_TOOLS)
+    assert text == "" and [(c["name"], json.loads(c["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "Paris", "units": "metric"})]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
+
+
+def test_usage_sent_with_the_finish_reaches_the_client(model, start_proxy) -> None:
+    scripted, upstream = model
+    scripted.replies["usage"] = Reply("It is sunny in Paris.", usage_on_finish=True)
+    scripted.replies["usage, a call"] = Reply('get_weather(city="Paris")', usage_on_finish=True)
+    client = _client(start_proxy(upstream.url + "/v1"))
+    for key, tools in (("usage", None), ("usage", WEATHER_TOOLS), ("usage, a call", WEATHER_TOOLS)):
+        _, _, chunks = _streamed(client, key, **({"tools": tools} if tools else {}))
+        finish = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+        assert len(finish) == 1 and finish[0].usage is not None and finish[0].usage.total_tokens == 18, key
+
+
+def test_held_text_keeps_its_tokens_logprobs(model, start_proxy) -> None:
+    """Text that may start a call is held until the choice ends; when it goes out as text, each token's logprob goes
+    with it, none lost and none out of order."""
+    scripted, upstream = model
+    said = 'The answer: {"temperature": 21} in Paris today.'
+    scripted.replies["logprobs"] = Reply(said, logprobs=True)
+    client = _client(start_proxy(upstream.url + "/v1"))
+    text, calls, chunks = _streamed(client, "logprobs", tools=WEATHER_TOOLS, logprobs=True)
+    tokens = [t.token for c in chunks for choice in c.choices if choice.logprobs and choice.logprobs.content
+              for t in choice.logprobs.content]
+    assert text == said and not calls and "".join(tokens) == said
+
+
 def test_text_streams_through_as_it_comes(model, start_proxy) -> None:
     scripted, upstream = model
     scripted.replies["prose"] = Reply("The weather in Paris is mild today, around twenty degrees. " * 3)
@@ -297,8 +409,16 @@ def test_everything_else_passes_through(model, start_proxy) -> None:
     scripted, upstream = model
     scripted.loaded["tracemill-reviser-0001"] = "/adapters/1"
     proxy = start_proxy(upstream.url + "/v1")
-    echo = httpx.post(proxy.url + "/v1/echo?x=1", content=b"hello", headers={"Authorization": "Bearer k"}).json()
-    assert echo == {"method": "POST", "query": {"x": "1"}, "body": "hello", "auth": "Bearer k"}
+    echo = httpx.post(proxy.url + "/v1/echo?x=1", content=b"hello", headers={"Authorization": "Bearer k",
+                                                                            "Accept-Encoding": "gzip"}).json()
+    assert echo == {"method": "POST", "query": {"x": "1"}, "body": "hello", "auth": "Bearer k", "encoding": "gzip"}
+    # a client that names no encoding (curl without --compressed) must not get one it cannot read
+    plain = http.client.HTTPConnection(proxy.url.removeprefix("http://"), timeout=10)
+    plain.putrequest("GET", "/v1/echo", skip_accept_encoding=True)
+    plain.endheaders()
+    answer = plain.getresponse()
+    assert answer.getheader("content-encoding") is None and json.loads(answer.read())["encoding"] == "identity"
+    plain.close()
     assert httpx.get(proxy.url + "/version").json() == {"version": "scripted"}
     models = [m.id for m in _client(proxy).models.list()]
     assert models == ["scripted-llama"]  # the reviser's own adapters are not the agent's business
