@@ -30,6 +30,7 @@ from typing import Any
 import orjson
 from sqlalchemy import Engine, and_, bindparam, func, insert, select, update
 
+from tracemill.miner.parquet import RowWriter
 from tracemill.miner.part import (
     SPLITS,
     PartFiles,
@@ -260,21 +261,31 @@ def _merge(first: PartFiles, parts: int) -> tuple[dict[str, Any], int, str]:
 
 def _extend_parquet(first: PartFiles, split: str, kept: list[list[bool]], lengths: list[list[int]]) -> None:
     writer = first.parquet[split]
-    for part in range(1, len(kept)):
+    final = first.folder / f"{split}.parquet"
+    whole = all(kept[0])  # the first part keeps every row, unless (eval) a train row had the same prompt
+    if not whole:
+        writer.close()
+        writer = RowWriter(final)
+    for part in range(0 if not whole else 1, len(kept)):
         path = part_files(first.folder, part, split)[2]
         writer.append_part(path, kept[part], lengths[part])
         path.unlink()
     writer.close()
-    os.replace(part_files(first.folder, 0, split)[2], first.folder / f"{split}.parquet")
+    if whole:
+        os.replace(part_files(first.folder, 0, split)[2], final)
 
 
 def _copy_lines(work: Path, split: str, kept: list[list[bool]], lengths: list[list[int]]) -> None:
     path = work / f"{split}.jsonl"
-    os.replace(part_files(work, 0, split)[0], path)  # the first part keeps every line it wrote
+    whole = all(kept[0])  # the first part keeps every line, unless (eval) a train line had the same prompt
+    if whole:
+        os.replace(part_files(work, 0, split)[0], path)
+    else:
+        path.touch()
     # not opened to append: copy_file_range refuses a file opened with O_APPEND (EBADF)
     with open(path, "r+b") as out:
         out.seek(0, os.SEEK_END)
-        for part in range(1, len(kept)):
+        for part in range(0 if not whole else 1, len(kept)):
             lines = part_files(work, part, split)[0]
             with open(lines, "rb") as source:
                 for start, length in _kept_ranges(kept[part], lengths[part]):

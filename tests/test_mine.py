@@ -309,6 +309,32 @@ def test_rows_whose_prompts_differ_only_in_whitespace_are_exported_once(start_co
         assert card["duplicates_dropped"] == 2 and "Lisbon, please?" in rows[0]["prompt"][1]["content"]
 
 
+def test_an_eval_row_whose_prompt_a_train_row_has_is_dropped_from_the_files_as_the_card_says(
+        start_collector, sqlite_url: str, tmp_path: Path) -> None:
+    """a1 (train) and b2 (eval, by --eval-after) make the same prompt. The train row is kept, the eval row dropped,
+    in the files as in the card, with one part or several."""
+    import pyarrow.parquet as pq
+
+    collector = start_collector(sqlite_url)
+    for trace, day in (("a1", 0), ("b2", 2), ("c3", 2)):
+        chat = chat_attributes([{"id": "c1", "name": "get_weather", "arguments": {"city": 7}}])
+        said = "Weather in Porto?" if trace == "c3" else "Weather in Lisbon?"
+        chat["gen_ai.input.messages"] = json.dumps([{"role": "user", "parts": [{"type": "text", "content": said}]}])
+        body = export_request([make_span(trace * 16, "cd" * 8, "chat", chat, start_ns=START_NS + day * 86_400 * 10**9)])
+        assert httpx.post(f"{collector.url}/v1/traces", content=body,
+                          headers={"Content-Type": "application/x-protobuf"}).status_code == 200
+    hashes = set()
+    for workers in ("1", "3"):
+        out = tmp_path / workers
+        card = _mine(sqlite_url, out, "--eval-after", "2026-05-30", "--workers", workers)
+        assert [r["trace_id"] for r in _rows(out, "train")] == ["a1" * 16]
+        assert [r["trace_id"] for r in _rows(out, "eval")] == ["c3" * 16]
+        assert pq.read_table(out / "eval.parquet").column("trace_id").to_pylist() == ["c3" * 16]
+        assert card["splits"]["eval"]["rows"] == 1 and card["duplicates_dropped"] == 1
+        hashes.add(card["content_hash"])
+    assert len(hashes) == 1
+
+
 def test_bad_input_gets_one_line_naming_it(start_collector, sqlite_url: str, tmp_path: Path) -> None:
     collector = start_collector(sqlite_url)
     simulate(collector.url, traces=10, seed=1, start_ns=START_NS)
