@@ -105,11 +105,23 @@ def _valid_rate(engine: Engine, where: CallFilter, share: float) -> float:
     return min(1.0, share / (1 - share) * failed / valid)
 
 
-def previous_call_id(engine: Engine) -> int | None:
-    """The newest call the last export read (`--since last`); None when there was none."""
+_WINDOW = ("since", "until", "after_id", "up_to_id")  # where an export starts and ends, not what it selects
+
+
+def _selection(filters: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in filters.items() if k not in (*_WINDOW, "since_last") and v is not None}
+
+
+def previous_call_id(engine: Engine, where: CallFilter = CallFilter()) -> int | None:
+    """The newest call the last export of the same selection (model, harness version, domain, tool, ...) read: where
+    `--since last` starts. An export of other calls read past calls this one has not exported. None when there was
+    none."""
+    wanted = _selection(where.to_dict())
     with engine.connect() as conn:
-        row = conn.execute(select(DatasetRow.last_call_id).order_by(DatasetRow.id.desc()).limit(1)).first()
-    return row.last_call_id if row is not None else None
+        for row in conn.execute(select(DatasetRow.filters, DatasetRow.last_call_id).order_by(DatasetRow.id.desc())):
+            if _selection(row.filters or {}) == wanted:
+                return row.last_call_id
+    return None
 
 
 def mine(engine: Engine, out: Path, options: MineOptions = MineOptions(),
@@ -118,7 +130,7 @@ def mine(engine: Engine, out: Path, options: MineOptions = MineOptions(),
     out = out.resolve()
     check_out(out)
     where = options.where
-    since_id = previous_call_id(engine) if options.since_last else None
+    since_id = previous_call_id(engine, where) if options.since_last else None
     if since_id is not None:
         where = replace(where, after_id=max(since_id, where.after_id or 0))
     upto = committed_call_id(engine)  # read no further than what is committed: the next `--since last` starts here

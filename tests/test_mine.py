@@ -223,6 +223,10 @@ def test_since_last_mines_only_what_is_new_and_gold_comes_from_reviews(start_col
                               .order_by(ToolCallRow.id.desc()).limit(1)).scalar_one()
         conn.execute(insert(ReviewRow).values(call_id=newest, reviewer="ana", decision="edit", before=None,
                                               after=approved))
+    # an export of other calls in between (another model's, stored later): it read past calls the next
+    # `--since last` has not exported yet
+    simulate(collector.url, traces=20, seed=3, start_ns=START_NS, profile="qwen3")
+    _mine(sqlite_url, tmp_path / "qwen", "--model", "qwen3", "--since", "last")
     second = _mine(sqlite_url, tmp_path / "two", "--since", "last")
     rows = _rows(tmp_path / "two")
     assert rows and all(r["call_id"] > first["last_call_id"] for r in rows) and failed <= first["last_call_id"]
@@ -232,9 +236,9 @@ def test_since_last_mines_only_what_is_new_and_gold_comes_from_reviews(start_col
         recorded = conn.execute(select(DatasetRow.name, DatasetRow.last_call_id, DatasetRow.train_rows,
                                        DatasetRow.content_hash).order_by(DatasetRow.id)).all()
     engine.dispose()
-    assert [r.name for r in recorded] == ["one", "two"]
-    assert recorded[1].last_call_id == second["last_call_id"] > first["last_call_id"]
-    assert recorded[1].content_hash == second["content_hash"]
+    assert [r.name for r in recorded] == ["one", "qwen", "two"]
+    assert recorded[2].last_call_id == second["last_call_id"] > first["last_call_id"]
+    assert recorded[2].content_hash == second["content_hash"]
 
 
 @pytest.mark.postgres
