@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 from sqlalchemy import ARRAY, Connection, Text, and_, any_, bindparam, case, func, or_, select, update
 
+from tracemill.store.engine import json_text
 from tracemill.store.tables import SpanRow, ToolCallRow
 
 _CALLS = ToolCallRow.__table__
@@ -43,7 +44,7 @@ def content_key(row: Mapping[str, Any]) -> tuple[Any, str | None, str | None, by
     instrumentations of one agent share its resource, while a proxy that traces what it relayed (the reviser sidecar)
     is a service of its own whose rows are its record, not the agent's."""
     arguments = row["arguments"]
-    body = orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS) if arguments is not None else row["raw"].encode()
+    body = json_text(arguments, sort_keys=True).encode() if arguments is not None else row["raw"].encode()
     return row["service"], row["tool_call_id"], row["name"], body
 
 

@@ -163,3 +163,28 @@ def test_a_store_upgraded_to_find_twins_keeps_its_calls_and_finds_them(db_url: s
         stored = conn.execute(select(ToolCallRow)).all()
     engine.dispose()
     assert [(r.trace_id, r.model, r.arguments) for r in stored] == [("a1" * 16, "llama3.1-8b", {"city": "Paris"})]
+
+
+def test_a_call_whose_arguments_json_allows_and_orjson_refuses_is_stored(start_collector, db_url: str) -> None:
+    """Arguments with an integer over 64 bits and half an emoji (a lone surrogate escape, as a model that cut a
+    string leaves): the span and its call are stored, not rejected; the number exactly, the half character as
+    U+FFFD (no database takes a lone surrogate)."""
+    import httpx
+
+    from tracemill.otlp import partial_success
+
+    collector = start_collector(db_url)
+    arguments = '{"city": "Paris \\ud83d", "days": 123456789012345678901234567890}'
+    span = make_span("e5" * 16, "01" * 8, "chat",
+                     chat_attributes([{"id": "call_Xk2pQ9rT", "name": "get_weather", "arguments": arguments}]))
+    answer = httpx.post(f"{collector.url}/v1/traces", content=export_request([span]),
+                        headers={"Content-Type": "application/x-protobuf"})
+    assert answer.status_code == 200
+    assert partial_success(answer.content, answer.headers["content-type"]).rejected_spans == 0
+    engine = make_engine(db_url)
+    with engine.connect() as conn:
+        (call,) = conn.execute(select(ToolCallRow.name, ToolCallRow.arguments, ToolCallRow.raw)).all()
+        spans = conn.execute(select(SpanRow.span_id)).scalars().all()
+    engine.dispose()
+    assert spans == ["01" * 8] and call.name == "get_weather"
+    assert call.arguments["city"] == "Paris \ufffd" and "123456789012345678901234567890" in call.raw

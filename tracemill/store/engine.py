@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 import orjson
@@ -44,9 +46,28 @@ def _sqlite_writer_pragmas(dbapi_connection, _record) -> None:  # type: ignore[n
     cursor.close()
 
 
-def json_text(value: Any) -> str:
-    """The store's JSON encoding (orjson; non-string keys allowed)."""
-    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+def json_text(value: Any, sort_keys: bool = False) -> str:
+    """The store's JSON encoding (orjson; non-string keys allowed). What orjson refuses is still stored: integers
+    over 64 bits, exactly, and text holding half a character (a lone surrogate, as JSON's `\ud83d` escape allows
+    and a cut emoji leaves), with U+FFFD in its place, since no database takes it."""
+    try:
+        return orjson.dumps(value, option=_SORTED if sort_keys else orjson.OPT_NON_STR_KEYS).decode()
+    except orjson.JSONEncodeError:
+        return json.dumps(_whole_characters(value), ensure_ascii=False, sort_keys=sort_keys, default=str)
+
+
+_SORTED = orjson.OPT_SORT_KEYS  # keys from JSON are text: any other goes to the fallback
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # a str holds a pair as one character: any surrogate is alone
+
+
+def _whole_characters(value: Any) -> Any:
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_whole_characters(k): _whole_characters(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_whole_characters(v) for v in value]
+    return value
 
 
 def insert_ignoring_duplicates(table: Table, dialect: str) -> Insert:
