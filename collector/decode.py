@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 from typing import Any, NoReturn, TypeVar
 
 import orjson
@@ -233,11 +234,20 @@ def _json_int(value: Any, where: str, default: int = 0) -> int:
         raise PayloadError(f"{where}: expected an integer, got bool")
     if isinstance(value, int):
         return value
+    if isinstance(value, float) and value.is_integer():  # proto3's JSON mapping takes 1.0 and 1e18 for an integer
+        return int(value)
     if isinstance(value, str):
         try:
             return int(value)
         except ValueError:
             pass
+        try:
+            number = Decimal(value)  # "1e18", "3.0"
+        except InvalidOperation:
+            pass
+        else:
+            if number.is_finite() and number == number.to_integral_value():
+                return int(number)
     raise PayloadError(f"{where}: expected an integer (or its decimal string), got {_preview(value)}")
 
 
@@ -275,6 +285,8 @@ def _json_id(value: Any, size: int, where: str, optional: bool = False) -> str |
 def _json_value(value: Any, limits: Limits, where: str, depth: int = 0) -> Any:
     if depth > MAX_DEPTH:
         raise SpanError(f"{where}: attribute nested deeper than {MAX_DEPTH} levels")
+    if value is None:  # an AnyValue left empty, as some encoders write it
+        return None
     _expect(value, dict, where, "an AnyValue object")
     if not value:
         return None
@@ -288,16 +300,19 @@ def _json_value(value: Any, limits: Limits, where: str, depth: int = 0) -> Any:
     if kind in ("boolValue", "bool_value"):
         return _expect(inner, bool, where, "a boolean")
     if kind in ("doubleValue", "double_value"):
-        if isinstance(inner, str) and inner in ("NaN", "Infinity", "-Infinity"):
-            return float(inner)
+        if isinstance(inner, str):  # "NaN", "Infinity", "1.5": proto3's JSON mapping takes a double as a string too
+            try:
+                return float(inner)
+            except ValueError:
+                pass
         return float(_expect(inner, (int, float), where, "a number"))
     if kind in ("bytesValue", "bytes_value"):
         return limits.checked(_expect(inner, str, where, "base64 text"), where)
     if kind in ("arrayValue", "array_value"):
-        values = _expect(_expect(inner, dict, where, "an object").get("values", []), list, where, "a list")
+        values = _expect(_expect(inner, dict, where, "an object").get("values") or [], list, where, "a list")
         return [_json_value(v, limits, f"{where}[{i}]", depth + 1) for i, v in enumerate(values)]
     if kind in ("kvlistValue", "kvlist_value"):
-        values = _expect(_expect(inner, dict, where, "an object").get("values", []), list, where, "a list")
+        values = _expect(_expect(inner, dict, where, "an object").get("values") or [], list, where, "a list")
         return _json_attributes(values, limits, where, depth + 1)
     raise PayloadError(f"{where}: unknown AnyValue field {kind!r}")
 

@@ -116,6 +116,27 @@ def test_wrong_attribute_types(collector, value: object, expected: str) -> None:
 
 
 
+def test_values_in_every_form_proto3_json_allows_are_stored(collector) -> None:  # type: ignore[no-untyped-def]
+    """Doubles as strings, integers as integral floats or in exponent form, empty values and lists written as null:
+    what proto3's JSON mapping allows, and other OTLP encoders than the Python SDK write."""
+    attributes = {"d_text": {"doubleValue": "1.5"}, "d_nan": {"doubleValue": "NaN"}, "i_float": {"intValue": 3.0},
+                  "i_exp": {"intValue": "1e3"}, "empty": None, "no_list": {"arrayValue": {"values": None}}}
+    span = json_span(span_id="f00d00000000beef", startTimeUnixNano=1.7e18, endTimeUnixNano="1.7000000001e18",
+                     attributes=[{"key": k, "value": v} for k, v in attributes.items()])
+    response = httpx.post(f"{collector.url}/v1/traces", content=json_request(span), headers=JSON)
+    assert response.status_code == 200, response.text
+    assert partial_success(response.content, response.headers["content-type"]).rejected_spans == 0
+    engine = make_engine(collector.db_url)
+    with engine.connect() as conn:
+        stored = conn.execute(text("select attributes, start_time_ns, end_time_ns from spans where span_id = "
+                                   "'f00d00000000beef'")).one()
+    engine.dispose()
+    found = stored.attributes if isinstance(stored.attributes, dict) else json.loads(stored.attributes)
+    assert (found["d_text"], found["i_float"], found["i_exp"], found["empty"], found["no_list"]) == (
+        1.5, 3, 1000, None, [])
+    assert (stored.start_time_ns, stored.end_time_ns) == (1_700_000_000_000_000_000, 1_700_000_000_100_000_000)
+
+
 def test_body_over_the_limit(collector) -> None:  # type: ignore[no-untyped-def]
     spans = [make_span(TRACE, f"{i:016x}", "s", {"k": "v" * 900}) for i in range(1, 400)]
     assert "over the limit of 200000" in refused(collector, export_request(spans), PROTOBUF, 413)
