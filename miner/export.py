@@ -42,7 +42,7 @@ from tracemill.miner.part import (
     run_part,
 )
 from tracemill.reviser_prompt import PromptSettings
-from tracemill.store.queries import CallFilter, committed_call_id, count_calls
+from tracemill.store.queries import CallFilter, committed_call_id
 from tracemill.store.sqlite_writer import WriteLock, database_path
 from tracemill.store.tables import DatasetRow, ToolCallRow, utcnow
 
@@ -94,12 +94,14 @@ def check_out(out: Path) -> None:
 
 
 def _valid_rate(engine: Engine, where: CallFilter, share: float) -> float:
-    """The share of valid calls to sample so that they make `share` of the rows."""
+    """The share of valid calls to sample so that they make `share` of the rows (of the calls whose tools are known:
+    no other makes a row)."""
     if share <= 0:
         return 0.0
+    known = select(func.count()).where(ToolCallRow.toolset_id.is_not(None))
     with engine.connect() as conn:
-        failed = count_calls(conn, replace(where, failed=True))
-        valid = count_calls(conn, replace(where, failed=False))
+        failed = int(conn.execute(replace(where, failed=True).apply(known)).scalar_one())
+        valid = int(conn.execute(replace(where, failed=False).apply(known)).scalar_one())
     if share >= 1 or valid == 0:
         return 1.0
     return min(1.0, share / (1 - share) * failed / valid)

@@ -339,6 +339,27 @@ def test_an_eval_row_whose_prompt_a_train_row_has_is_dropped_from_the_files_as_t
     assert len(hashes) == 1
 
 
+def test_valid_rows_are_the_share_asked_for_when_some_failed_calls_have_no_known_tools(
+        start_collector, sqlite_url: str, tmp_path: Path) -> None:
+    """100 failed calls with their tools, 100 broken ones from spans that list no tools (no row can be made of
+    them), 1,000 valid calls: a fifth of the rows are valid ones, as asked, not a third."""
+    collector = start_collector(sqlite_url)
+    plan = [(False, True)] * 100 + [(False, False)] * 100 + [(True, True)] * 1000  # (valid, tools listed)
+    spans = []
+    for n, (valid, tools) in enumerate(plan):
+        arguments = {"city": f"Oslo {n}"} if valid else f'{{"city": "Paris {n}"'  # each its own prompt
+        attributes = chat_attributes([{"id": f"call_{n:012d}", "name": "get_weather", "arguments": arguments}])
+        if not tools:
+            del attributes["gen_ai.tool.definitions"]
+        spans.append(make_span(f"{n + 1:032x}", "cd" * 8, "chat", attributes, start_ns=START_NS + n))
+    for start in range(0, len(spans), 200):
+        assert httpx.post(f"{collector.url}/v1/traces", content=export_request(spans[start:start + 200]),
+                          headers={"Content-Type": "application/x-protobuf"}).status_code == 200
+    card = _mine(sqlite_url, tmp_path / "out", "--eval-share", "0")
+    assert card["no_tools_known"] == 100
+    assert 0.15 < card["counts"]["failure_class"]["valid"] / card["counts"]["rows"] < 0.25
+
+
 def test_bad_input_gets_one_line_naming_it(start_collector, sqlite_url: str, tmp_path: Path) -> None:
     collector = start_collector(sqlite_url)
     simulate(collector.url, traces=10, seed=1, start_ns=START_NS)
