@@ -84,8 +84,8 @@ def _once(settings: Any, as_json: bool) -> None:
         done = run_cycle(settings, progress=say)
     except CycleBusy as exc:
         raise click.ClickException(f"{exc}: not starting a second cycle") from None
-    except (CycleError, StoreBusyError) as exc:
-        raise click.ClickException(str(exc)) from None
+    except (CycleError, StoreBusyError) as exc:  # a failed cycle's whole error is in its record
+        raise click.ClickException(_first_line(exc)) from None
     except KeyboardInterrupt:
         click.echo("stopped: the cycle is recorded as interrupted; the active deployment is as it was", err=True)
         raise SystemExit(130) from None
@@ -97,7 +97,7 @@ def _once(settings: Any, as_json: bool) -> None:
 
 def _every(settings: Any, period: float, as_json: bool) -> None:
     """A cycle now, then one every `period` seconds (counted from each start) until Ctrl-C or SIGTERM; a busy lock
-    skips that turn."""
+    or a failure skips that turn."""
     import time
 
     stop = threading.Event()
@@ -108,14 +108,20 @@ def _every(settings: Any, period: float, as_json: bool) -> None:
             started = time.monotonic()
             try:
                 _once(settings, as_json)
-            except click.ClickException as exc:
+            except click.ClickException as exc:  # a failed cycle, recorded as such, or a busy lock
                 click.echo(f"cycle: {exc.message}", err=True)
+            except Exception as exc:  # before a cycle could start (the store out of reach): the next turn tries again
+                click.echo(f"cycle: {type(exc).__name__}: {_first_line(exc)}", err=True)
             wait = max(0.0, period - (time.monotonic() - started))
             click.echo(f"next cycle in {wait / 3600:.2f} h (Ctrl-C stops)", err=True)
             stop.wait(wait)
     except KeyboardInterrupt:
         pass
     click.echo("stopped", err=True)
+
+
+def _first_line(exc: Exception) -> str:
+    return next(iter(str(exc).splitlines()), "")
 
 
 def _summary(done: Any) -> str:

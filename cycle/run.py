@@ -37,20 +37,21 @@ class CycleBusy(LockBusy):
 
 
 class CycleError(RuntimeError):
-    """A cycle that cannot go on (the train extra missing, the lock lost); the message says why."""
+    """A cycle that failed (the train extra missing, the lock lost, any error of a step, which is its `__cause__`):
+    recorded as failed; the message says which cycle, at which step and why."""
 
 
 def _folder(settings: CycleSettings, cycle_id: int) -> Path:
     return settings.work.resolve() / f"cycle-{cycle_id:04d}"
 
 
-def _clean_up(engine: Engine, settings: CycleSettings, dead: list[CycleRecord]) -> None:
-    """Remove what killed cycles left of their training (checkpoints, a model never registered); their datasets stay,
-    as the `datasets` table records them."""
+def _clean_up(engine: Engine, settings: CycleSettings, cycle_ids: list[int]) -> None:
+    """Remove what unfinished cycles left of their training (checkpoints, a model never registered); their datasets
+    stay, as the `datasets` table records them."""
     with engine.connect() as conn:
         paths = [Path(p) for p in conn.execute(select(ModelRow.path)).scalars()]
-    for cycle in dead:
-        folder = _folder(settings, cycle.id)
+    for cycle_id in cycle_ids:
+        folder = _folder(settings, cycle_id)
         run = folder / RUN
         if run.is_dir() and not any(p.is_relative_to(run) for p in paths):
             shutil.rmtree(run, ignore_errors=True)
@@ -137,7 +138,7 @@ class _Cycle:
             "model": s.train.model.model_copy(update={"base": s.base_model}),
             "data": s.train.data.model_copy(update={"dataset": dataset}),
             "output": s.train.output.model_copy(update={"dir": self.folder / RUN, "database_url": s.store,
-                                                         "register_model": True}),
+                                                         "register_model": True, "name": self._model_name()}),
         })
         plan = make_plan(config)
         self.enter(Step.TRAIN, f"{plan.rows.train_rows} rows, from {s.base_model}, on {plan.device}")
@@ -155,6 +156,18 @@ class _Cycle:
         if not verdict.passed:
             return self.finish()
         return self._deploy(model, verdict, baseline[0])
+
+    def _model_name(self) -> str | None:
+        """`[output] name` with the cycle's id appended, as each cycle registers a model of its own (None: the
+        registry's `reviser-NNNN`); refused before training when a model already has it."""
+        configured = self.settings.train.output.name
+        if configured is None:
+            return None
+        name = f"{configured}-cycle-{self.id:04d}"
+        with self.engine.connect() as conn:
+            if conn.execute(select(ModelRow.id).where(ModelRow.name == name)).first() is not None:
+                raise CycleError(f"a model named {name} is already registered: change [output] name")
+        return name
 
     def _baseline(self) -> tuple[str, Any]:
         """The active version's name and reviser (the rules alone when no model is active)."""
@@ -207,8 +220,8 @@ class _Cycle:
 
 
 def run_cycle(settings: CycleSettings, progress: Callable[[str], None] | None = None) -> CycleRecord:
-    """One iteration; returns its record. Raises CycleBusy when another cycle runs, CycleError when it cannot go on
-    (the record says so too), KeyboardInterrupt on Ctrl-C (recorded as interrupted)."""
+    """One iteration; returns its record. Raises CycleBusy when another cycle runs, CycleError when it fails (recorded
+    as failed), KeyboardInterrupt on Ctrl-C (recorded as interrupted); either removes what it left of its training."""
     from tracemill.store.cli import open_store
 
     say = progress or (lambda _: None)
@@ -223,7 +236,7 @@ def run_cycle(settings: CycleSettings, progress: Callable[[str], None] | None = 
             dead = record.abandon_running(engine)
             for cycle in dead:
                 say(f"cycle {cycle.id} was killed at step {cycle.step}: marked interrupted, starting clean")
-            _clean_up(engine, settings, dead)
+            _clean_up(engine, settings, [c.id for c in dead])
             cycle = _Cycle(engine, settings, lock, say)
             say(f"cycle {cycle.id} ({lock.holder})")
             try:
@@ -231,10 +244,14 @@ def run_cycle(settings: CycleSettings, progress: Callable[[str], None] | None = 
             except KeyboardInterrupt:
                 record.write(engine, cycle.id, **record.finished(Status.INTERRUPTED,
                                                                  error=f"stopped by Ctrl-C at step {cycle.step}"))
+                _clean_up(engine, settings, [cycle.id])
                 raise
             except Exception as exc:
-                record.write(engine, cycle.id, **record.finished(Status.FAILED, error=f"at step {cycle.step}: {exc}"))
-                raise
+                said = exc if isinstance(exc, CycleError) else f"{type(exc).__name__}: {exc}"
+                error = f"at step {cycle.step}: {said}"
+                record.write(engine, cycle.id, **record.finished(Status.FAILED, error=error))
+                _clean_up(engine, settings, [cycle.id])
+                raise CycleError(f"cycle {cycle.id} failed {error}") from exc
         finally:
             lock.release()
     finally:

@@ -46,17 +46,20 @@ class Decision:
 
 @dataclass(frozen=True, slots=True)
 class Gate:
-    """What a candidate must show on the same held-out cases as the active reviser to replace it: reference match and
-    input schema compliance each at least the active's plus its margin (absolute: 0.01 is one point; 0 lets a candidate
-    no worse than the active one replace it), and no valid call changed, on the held-out split and on each built-in
-    suite of the train config's `[eval]`."""
+    """What a candidate must show on the same held-out cases as the active reviser to replace it: at least
+    `min_held_out_cases` of them; reference match and input schema compliance each at least the active's plus its
+    margin (absolute: 0.01 is one point; 0 lets a candidate no worse than the active one replace it), capped at 100%;
+    and no valid call changed, on the held-out split and on each built-in suite of the train config's `[eval]`."""
 
     reference_margin: float = 0.01
     schema_margin: float = 0.0
+    min_held_out_cases: int = 30
 
     def __post_init__(self) -> None:
         if not (0 <= self.reference_margin < 1 and 0 <= self.schema_margin < 1):
             raise ValueError("gate: margins are shares between 0 and 1")
+        if self.min_held_out_cases < 1:
+            raise ValueError("gate: min_held_out_cases >= 1")
 
 
 @dataclass(frozen=True, slots=True)

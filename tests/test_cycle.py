@@ -18,7 +18,7 @@ from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from tracemill.cli import main
-from tracemill.cycle import CycleBusy, CycleSettings, Decision, Gate, run_cycle
+from tracemill.cycle import CycleBusy, CycleError, CycleSettings, Decision, Gate, run_cycle
 from tracemill.cycle.decide import decide, harness_rates
 from tracemill.cycle.gate import judge
 from tracemill.cycle.lock import LockBusy, StoreLock
@@ -26,8 +26,8 @@ from tracemill.cycle.record import Step, history
 from tracemill.cycle.settings import load_settings
 from tracemill.evaluation import evaluate
 from tracemill.revisers import make_reviser, rules_reviser
+from tracemill.serving.deployments import deploy, rollback, served
 from tracemill.serving.deployments import history as deployment_history
-from tracemill.serving.deployments import served
 from tracemill.simulate import simulate
 from tracemill.simulate.harness import HARNESS_VERSIONS
 from tracemill.store.cli import open_store
@@ -35,7 +35,9 @@ from tracemill.store.engine import make_engine
 from tracemill.store.migrate import upgrade
 from tracemill.store.tables import DatasetRow, LockRow, ModelRow
 from tracemill.suites import read_cases
+from tracemill.trainer.config import ConfigError
 from tracemill.trainer.finish import figures
+from tracemill.trainer.registry import NewModel, register_model
 
 from support import CollectorProcess
 
@@ -206,6 +208,34 @@ def test_the_gate_refuses_a_worse_reviser_on_the_same_held_out_cases(plateau):
     assert better.passed and better.reason.startswith("passed: reference match")
 
 
+def held_out(cases: int, candidate: float, baseline: float, valid_changed: float = 0.0) -> dict:
+    """The gate's figures for two revisers that differ only in reference match (and the candidate's valid_changed)."""
+    pair = {name: {"cases": cases, "reference_match": match, "input_schema_compliance": 1.0, "valid_changed": changed}
+            for name, match, changed in (("candidate", candidate, valid_changed), ("baseline", baseline, 0.0))}
+    return {"eval": {"cases": cases, **pair}}
+
+
+def test_the_gate_can_be_passed_against_a_perfect_reviser_and_wants_enough_held_out_cases(tmp_path):
+    gate = Gate()  # the defaults: a point of reference match over the active reviser, 30 held-out cases
+    matched = judge(held_out(40, 1.0, 1.0), gate)
+    assert matched.passed and matched.reason.startswith("passed: reference match 100.0% -> 100.0%")
+    harmful = judge(held_out(40, 1.0, 1.0, valid_changed=0.1), gate)
+    assert not harmful.passed and "valid changed on eval: 10.0% vs 0.0%" in harmful.reason
+    near = judge(held_out(40, 0.995, 0.995), gate)
+    assert not near.passed and "needed at least 99.5% + 1.0%, capped at 100.0%" in near.reason
+    assert judge(held_out(40, 1.0, 0.995), gate).passed
+    assert judge(held_out(40, 0.96, 0.95), gate).passed and not judge(held_out(40, 0.955, 0.95), gate).passed
+
+    one = judge(held_out(1, 1.0, 0.0), gate)  # 0/1 -> 1/1
+    assert not one.passed and one.reason.startswith("refused: 1 held-out case(s), at least 30 needed")
+    assert not judge(held_out(29, 1.0, 0.0), gate).passed and judge(held_out(30, 1.0, 0.0), gate).passed
+    assert judge(held_out(1, 1.0, 0.0), Gate(min_held_out_cases=1)).passed
+    path = tmp_path / "cycle.toml"
+    path.write_text('[cycle]\nbase = "unused"\nmin_held_out_cases = 0\n')
+    with pytest.raises(ConfigError, match=r"cycle.toml: \[cycle\]: gate: min_held_out_cases >= 1"):
+        load_settings(path, "sqlite://")
+
+
 @pytest.mark.postgres
 def test_cycles_are_recorded_on_postgresql(postgres_url, tmp_path):
     engine = make_engine(postgres_url)
@@ -232,6 +262,7 @@ work = "{work}"
 min_new_failures = 10
 reference_margin = {margin}
 schema_margin = 0.0
+min_held_out_cases = 5
 force = {force}
 [mine]
 eval_share = {eval_share}
@@ -248,6 +279,7 @@ per_device_batch_size = 2
 max_completion_length = 12
 max_steps = 1
 [output]
+name = "reviser"
 save_steps = 100
 tensorboard = false
 [eval]
@@ -258,7 +290,7 @@ limit = 8
 
 def config(folder: Path, tiny: Path, force: bool = False, eval_share: float = 0.05) -> Path:
     """Margins of 0: a candidate no worse than the active reviser is deployed (a tiny model trained for a step on the
-    CPU is no better than the rules)."""
+    CPU is no better than the rules); 5 held-out cases are enough, as these stores are small."""
     path = folder / "cycle.toml"
     path.write_text(CONFIG.format(base=tiny, work=folder / "cycles", margin=0.0, force=str(force).lower(),
                                   eval_share=eval_share))
@@ -277,8 +309,8 @@ def test_a_whole_cycle_trains_measures_and_deploys_then_refuses_a_candidate_no_b
     assert "harness tuning stopped paying" in done.reason and done.since_call_id is None
     assert done.new_calls == plateau["second"].new_calls and done.dataset_id is not None
     assert done.baseline == "rules" and done.gate["passed"] and done.deployed
-    held_out = done.figures["eval"]
-    assert held_out["cases"] > 0 and held_out["candidate"]["cases"] == held_out["baseline"]["cases"]
+    measured = done.figures["eval"]
+    assert measured["cases"] > 0 and measured["candidate"]["cases"] == measured["baseline"]["cases"]
     assert set(done.figures) == {"eval", "do-no-harm"}
     assert all(f["candidate"]["valid_changed"] in (0, None) for f in done.figures.values())
     engine = open_store(db)
@@ -289,19 +321,21 @@ def test_a_whole_cycle_trains_measures_and_deploys_then_refuses_a_candidate_no_b
     assert state.active.model_id == done.model_id and state.deployment_id == done.deployment_id
     assert newest.actor == "tracemill cycle" and newest.justification["note"].startswith(f"cycle {done.id}: gate")
     (model,) = json.loads(CliRunner().invoke(main, ["models", "list", "--db", db, "--json"]).output)
-    assert model["id"] == done.model_id and model["evaluation"]["eval"]["model"] == held_out["candidate"]
+    assert model["id"] == done.model_id and model["evaluation"]["eval"]["model"] == measured["candidate"]
+    assert model["name"] == f"reviser-cycle-{done.id:04d}"  # [output] name, each cycle's own
     assert Path(model["path"]).is_relative_to(tmp_path / "cycles" / f"cycle-{done.id:04d}")
 
     again = run_cycle(settings)  # nothing came in since
     assert again.decision == "wait" and again.since_call_id == done.last_call_id and again.model_id is None
 
     send(db, tmp_path, ["prompt-v6"], traces=20, seed=40, day=9)
-    stricter = replace(settings, gate=Gate(reference_margin=0.01), force=True,
+    stricter = replace(settings, gate=replace(settings.gate, reference_margin=0.01), force=True,
                        mining=replace(settings.mining, eval_share=0.5))
     refused = run_cycle(stricter)
     assert refused.decision == "train" and refused.model_id not in (None, done.model_id)
     assert refused.since_call_id == done.last_call_id and 0 < refused.new_calls < done.new_calls
     assert refused.baseline == model["name"] and not refused.gate["passed"] and not refused.deployed
+    assert model_name(db, refused.model_id) == f"reviser-cycle-{refused.id:04d}"
     assert "refused: reference match on eval" in refused.gate["reason"]
     assert active(db) == model["name"]  # the active model stays
     shown = CliRunner().invoke(main, ["cycle", "--history", "--db", db])
@@ -356,20 +390,90 @@ def model_name(db: str, model_id: int) -> str:
     return name
 
 
+def every_until_it_waits(*args: str) -> str:
+    """`tracemill cycle ARGS --every 1h` until it waits for its next turn, then Ctrl-C; what it printed till then."""
+    process = subprocess.Popen([sys.executable, "-m", "tracemill.cli", "cycle", *args, "--every", "1h"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = []
+    for line in process.stdout:
+        output.append(line)
+        if line.startswith("next cycle in"):
+            break
+    process.send_signal(signal.SIGINT)
+    rest, _ = process.communicate(timeout=60)
+    assert process.returncode == 0 and rest.strip().endswith("stopped"), "".join(output) + rest
+    return "".join(output)
+
+
 def test_every_runs_in_the_foreground_and_ctrl_c_stops_it_cleanly(tmp_path):
     db = f"sqlite:///{tmp_path / 'empty.db'}"
-    process = subprocess.Popen([sys.executable, "-m", "tracemill.cli", "cycle", "--db", db, "--base", "unused",
-                                "--work", str(tmp_path / "cycles"), "--every", "1h"], stdout=subprocess.PIPE,
+    output = every_until_it_waits("--db", db, "--base", "unused", "--work", str(tmp_path / "cycles"))
+    assert "decision wait: no new calls" in output and "next cycle in 1.00 h" in output
+    assert [c.decision for c in cycles(db)] == ["wait"]
+    bad = CliRunner().invoke(main, ["cycle", "--db", db, "--base", "x", "--every", "soon"])
+    assert bad.exit_code == 2 and "'soon' is not a period" in bad.output
+
+
+def test_every_records_a_failed_cycle_and_goes_on_and_a_single_cycle_says_why_in_a_line(plateau, tmp_path):
+    pytest.importorskip("trl", reason="a cycle that trains needs the train extra")
+    db = copy_store(plateau["db"], tmp_path)
+    path = config(tmp_path, tmp_path / "unused", force=True, eval_share=1.0)  # every trace held out: none to train on
+    output = every_until_it_waits("--config", str(path), "--db", db)
+    failed = cycles(db)[0]
+    assert failed.status == "failed" and failed.step == "decide" and failed.model_id is None
+    assert failed.error.startswith("at step decide: DatasetError: ") and "no rows to train on" in failed.error
+    assert f"cycle: cycle {failed.id} failed {failed.error}\nnext cycle in" in output
+
+    once = CliRunner().invoke(main, ["cycle", "--config", str(path), "--db", db])
+    again = cycles(db)[0]
+    assert once.exit_code == 1 and again.id == failed.id + 1 and again.status == "failed"
+    assert once.output.splitlines()[-1] == f"Error: cycle {again.id} failed {again.error}"
+
+    missing = f"sqlite:///{tmp_path / 'missing' / 'store.db'}"  # a store out of reach: tried again next turn
+    output = every_until_it_waits("--db", missing, "--base", "unused", "--work", str(tmp_path / "cycles"))
+    assert "cycle: OperationalError: (sqlite3.OperationalError) unable to open database file\nnext cycle in" in output
+
+
+def test_a_model_name_already_registered_is_refused_before_training(plateau, tiny, tmp_path):
+    pytest.importorskip("trl", reason="training needs the train extra")
+    db = copy_store(plateau["db"], tmp_path)
+    taken = f"reviser-cycle-{len(cycles(db)) + 1:04d}"  # the next cycle's, from [output] name = "reviser"
+    engine = open_store(db)
+    register_model(engine, NewModel(str(tiny), "full", str(tmp_path / "elsewhere"), None, {}, {}, {}, taken))
+    engine.dispose()
+    lines: list[str] = []
+    with pytest.raises(CycleError, match=f"failed at step decide: a model named {taken} is already registered"):
+        run_cycle(load_settings(config(tmp_path, tiny, force=True), db), lines.append)
+    assert not any(line.startswith("train:") for line in lines)
+    assert cycles(db)[0].status == "failed"
+
+
+def test_a_cycle_that_fails_or_is_stopped_after_training_removes_its_checkpoints(plateau, tiny, tmp_path):
+    pytest.importorskip("trl", reason="training needs the train extra")
+    db = copy_store(plateau["db"], tmp_path)
+    engine = open_store(db)  # the active model's folder is gone: the cycle fails once it has trained
+    register_model(engine, NewModel(str(tiny), "full", str(tmp_path / "gone"), None, {}, {}, {}, "gone"))
+    deploy(engine, "gone", "someone")
+    path = config(tmp_path, tiny, force=True)
+    with pytest.raises(CycleError, match="failed at step train: ReviserSpecError: model:.*gone: not a trained reviser"):
+        run_cycle(load_settings(path, db))
+    failed = cycles(db)[0]
+    assert failed.status == "failed" and active(db) == "gone"
+
+    rollback(engine, "someone")
+    engine.dispose()
+    process = subprocess.Popen([sys.executable, str(DRIVER), str(path), db, "evaluate:"], stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
     output = []
     for line in process.stdout:
         output.append(line)
-        if line.startswith("next cycle in 1.00 h"):
+        if line.strip() == "PAUSED":
             break
     process.send_signal(signal.SIGINT)
     rest, _ = process.communicate(timeout=60)
-    assert process.returncode == 0, "".join(output) + rest
-    assert "decision wait: no new calls" in "".join(output) and rest.strip().endswith("stopped")
-    assert [c.decision for c in cycles(db)] == ["wait"]
-    bad = CliRunner().invoke(main, ["cycle", "--db", db, "--base", "x", "--every", "soon"])
-    assert bad.exit_code == 2 and "'soon' is not a period" in bad.output
+    assert process.returncode != 0 and "KeyboardInterrupt" in rest, "".join(output) + rest
+    stopped = cycles(db)[0]
+    assert stopped.status == "interrupted" and stopped.error == "stopped by Ctrl-C at step evaluate"
+    for cycle in (failed, stopped):
+        folder = tmp_path / "cycles" / f"cycle-{cycle.id:04d}"
+        assert (folder / "dataset").is_dir() and not (folder / "run").exists(), cycle
