@@ -2,6 +2,8 @@
 server, config and dataset checks (before any model loads), `--dry-run`'s launch commands, and the model registry."""
 
 import json
+import subprocess
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
@@ -111,10 +113,13 @@ class _ScriptedJudge(BaseHTTPRequestHandler):
     replies: ClassVar[list] = []
     requests: ClassVar[list] = []
 
+    def content(self, body):  # None: fail
+        return type(self).replies.pop(0)
+
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).requests.append(body)
-        content = type(self).replies.pop(0)
+        content = self.content(body)
         if content is None:
             self.send_response(500)
             self.end_headers()
@@ -133,22 +138,72 @@ class _ScriptedJudge(BaseHTTPRequestHandler):
 def test_llm_judge_against_a_scripted_openai_compatible_server():
     server = ThreadingHTTPServer(("127.0.0.1", 0), _ScriptedJudge)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    _ScriptedJudge.replies, _ScriptedJudge.requests = ["Score: 8", None], []
+    _ScriptedJudge.replies, _ScriptedJudge.requests = ["Score: 8", None, "Score: 6"], []
     try:
-        judge = LLMJudge(f"http://127.0.0.1:{server.server_address[1]}/v1", "tiny-judge", workers=1)
+        judge = LLMJudge(f"http://127.0.0.1:{server.server_address[1]}/v1", "tiny-judge", num_generations=2,
+                         workers=1)
         logged = {}
         good = '{"name": "get_weather", "arguments": {"city": "Dublin", "days": 3}}'
-        scores = judge([good, good, "no call here", good], raw=[BROKEN] * 4, tools=[json.dumps([WEATHER])] * 4,
-                       context=[json.dumps(CONTEXT)] * 3 + [None], log_metric=lambda k, v: logged.__setitem__(k, v))
+        # three prompts, two completions each, as TRL passes a batch; the last prompt has no request to judge by
+        scores = judge([good, "no call here", good, good, good, good], raw=[BROKEN] * 6,
+                       tools=[json.dumps([WEATHER])] * 6, context=[json.dumps(CONTEXT)] * 4 + [None] * 2,
+                       log_metric=lambda k, v: logged.__setitem__(k, v))
     finally:
         server.shutdown()
     assert judge.__name__ == "judge"
-    assert scores == [0.8, None, 0.0, None]  # judged; the judge failed; nothing to judge; no request to judge by
-    assert logged == {"judge_failed": 0.5}
-    assert len(_ScriptedJudge.requests) == 2
+    # judged, and no call to judge (0 without asking); the judge failed on one of the group, so it scores none of it
+    # (a lone None would cost that completion the judge's weight beside its sibling's 0.6); nothing to judge by
+    assert scores == [0.8, 0.0, None, None, None, None]
+    assert logged == {"judge_failed": 1 / 3}
+    assert len(_ScriptedJudge.requests) == 3
     body = _ScriptedJudge.requests[0]
     assert body["model"] == "tiny-judge" and "Dublin for the next 3 days" in body["messages"][1]["content"]
     assert json.loads(body["messages"][1]["content"].split("Tool call:\n")[1].split("\n\nScore")[0]) == REFERENCE
+
+
+class _JudgeFailingOnCork(_ScriptedJudge):
+    """Fails on a call to Cork, scores any other 8, in whatever order the requests come."""
+
+    def content(self, body):
+        return None if "Cork" in body["messages"][1]["content"] else "Score: 8"
+
+
+JUDGE_IN_A_PROCESS = """
+import json, pathlib, sys
+from accelerate import PartialState
+from tracemill.trainer.judge import LLMJudge
+
+state = PartialState(cpu=True)  # as TRL's trainer starts it on CPU
+batch = json.loads(sys.argv[2])[state.process_index]
+scores = LLMJudge(sys.argv[1], "judge", num_generations=4, workers=1)(**batch)
+pathlib.Path(sys.argv[3], f"{state.process_index}.json").write_text(json.dumps(scores))
+state.destroy_process_group()
+"""
+
+
+def test_a_group_split_over_two_processes_is_left_out_on_both_when_the_judge_fails_on_one(tmp_path):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _JudgeFailingOnCork)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    script = tmp_path / "judge_in_a_process.py"
+    script.write_text(JUDGE_IN_A_PROCESS)
+
+    def batch(cities):
+        return {"completions": [json.dumps({"name": "get_weather", "arguments": {"city": c, "days": 3}})
+                                for c in cities],
+                "raw": [BROKEN] * 6, "tools": [json.dumps([WEATHER])] * 6, "context": [json.dumps(CONTEXT)] * 6}
+
+    # three groups of four over two processes of six: the middle group is the last two of process 0 and the first two
+    # of process 1, where the judge fails on one
+    batches = [batch(["Dublin"] * 6), batch(["Cork", *["Dublin"] * 5])]
+    try:
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                               str(script), f"http://127.0.0.1:{server.server_address[1]}/v1", json.dumps(batches),
+                               str(tmp_path)], capture_output=True, text=True, timeout=120)
+    finally:
+        server.shutdown()
+    assert done.returncode == 0, done.stderr[-3000:]
+    scores = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1)]
+    assert scores == [[0.8] * 4 + [None] * 2, [None] * 2 + [0.8] * 4]
 
 
 @pytest.fixture(scope="module")
@@ -210,11 +265,12 @@ def test_dry_run_prints_the_launch_command_and_resolved_settings(tmp_path, datas
     multi = BASE.format(dataset=dataset) + (
         '[launch]\nnum_processes = 4\ndeepspeed = "zero3"\n[generation]\nuse_vllm = true\nvllm_mode = "server"\n'
         'vllm_server_base_url = "http://127.0.0.1:8000"\n')
-    result = _train(tmp_path, multi.replace("[model]\n", '[model]\nkind = "full"\n'), "--dry-run")
+    result = _train(tmp_path, multi.replace("[model]\n", '[model]\nkind = "full"\n'), "--dry-run",
+                    "--db", "sqlite:///elsewhere.db")
     assert result.exit_code == 0, result.output
     command = result.output.splitlines()[0]
     assert "accelerate.commands.launch --config_file" in command and "--num_processes 4" in command
-    assert command.endswith("--launched")
+    assert command.endswith("--db sqlite:///elsewhere.db --launched")  # each process registers in the same store
     assert "vllm server (start first, on other GPUs): trl vllm-serve --model /nowhere/no-model" in result.output
     shipped = command.split("--config_file ")[1].split()[0]
     zero3 = load_config_from_file(shipped)

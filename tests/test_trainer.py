@@ -217,6 +217,95 @@ def test_model_reviser_in_eval_keeps_revise_contract(trained, mined):
     assert asked <= len(read_cases(mined / "eval.jsonl"))
 
 
+LAUNCHED = """
+device = "cpu"
+[model]
+base = "{base}"
+kind = "lora"
+[data]
+dataset = "{data}"
+[warmup]
+steps = 2
+[grpo]
+num_generations = 2
+per_device_batch_size = 2
+max_completion_length = 8
+max_steps = 1
+[output]
+dir = "run"
+tensorboard = false
+[eval]
+enabled = false
+[launch]
+num_processes = 2
+mixed_precision = "no"
+"""
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory, tiny, mined):
+    """`tracemill train --db URL` of a LoRA after a warm-up, which relaunches itself under `accelerate launch` over two
+    CPU processes; TRACEMILL_DATABASE_URL names another store."""
+    folder = tmp_path_factory.mktemp("launched")
+    (folder / "train.toml").write_text(LAUNCHED.format(base=tiny, data=mined))
+    db = f"sqlite:///{folder / 'given.db'}"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRACEMILL_DATABASE_URL": f"sqlite:///{folder / 'env.db'}"}
+    done = subprocess.run([sys.executable, "-m", "tracemill.cli", "train", "--config", "train.toml", "--db", db],
+                          cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "launching: " in done.stderr and "accelerate.commands.launch" in done.stderr
+    listed = CliRunner().invoke(main, ["models", "list", "--db", db, "--json"])
+    return {"folder": folder, "listed": listed}
+
+
+def test_a_run_relaunched_under_accelerate_registers_in_the_store_given_with_db(launched):
+    folder = launched["folder"]
+    assert launched["listed"].exit_code == 0, launched["listed"].output
+    (model,) = json.loads(launched["listed"].output)
+    assert model["path"] == str(folder / "run" / "model")
+    assert not (folder / "env.db").exists() and not (folder / "tracemill.db").exists()
+
+
+def test_a_lora_trained_after_a_warm_up_is_registered_over_the_warm_up_model(launched):
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from tracemill.revisers import make_reviser
+
+    (model,) = json.loads(launched["listed"].output)
+    assert model["kind"] == "lora" and model["base_model"] == str(launched["folder"] / "run" / "warmup")
+    assert model["config"]["model"]["base"] != model["base_model"]
+    adapter = json.loads((Path(model["path"]) / "adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == model["base_model"]
+    # `model:PATH` (what serves the version in-process) is the adapter over the base the registry names
+    served = make_reviser(f"model:{model['path']}").model.state_dict()
+    base = AutoModelForCausalLM.from_pretrained(model["base_model"])
+    over = PeftModel.from_pretrained(base, model["path"]).merge_and_unload().state_dict()
+    assert served.keys() == over.keys() and all(torch.equal(served[k], over[k]) for k in served)
+
+
+def test_warm_up_trains_on_every_pair_whole_however_long_its_prompt(tiny, tmp_path):
+    from dataclasses import replace
+
+    from tracemill.reviser_prompt import PromptSettings
+    from tracemill.trainer.fault_rows import prompt_row
+    from tracemill.trainer.warmup import answer, sft_trainer
+
+    # an agent's conversation, up to the default 1024 (approximate) tokens of it in the prompt, beside short prompts
+    chat = [{"role": "user" if i % 2 == 0 else "assistant",
+             "content": f"turn {i}: " + "the forecast said rain and more rain over the hills, " * 8} for i in range(40)]
+    cases = fault_cases(0, sources=("bfcl",), max_calls=1)[:3]
+    rows = [prompt_row(replace(c, context=[*chat, *(c.context or [])]), PromptSettings()) for c in cases]
+    rows += [prompt_row(c, PromptSettings()) for c in cases]
+    trainer = sft_trainer(str(tiny), rows, tmp_path, 1, 1e-4, 2, 0, "cpu")
+    examples = list(trainer.train_dataset)
+    tokenizer = trainer.processing_class
+    learned = [tokenizer.decode([t for t in e["labels"] if t != -100]) for e in examples]
+    assert learned == [f"{answer(r)}{tokenizer.eos_token}\n" for r in rows]
+    assert max(len(e["input_ids"]) for e in examples) > 1024  # TRL's default max_length
+
+
 def test_gpu_bench_passes_its_cpu_dry_run():
     script = Path(__file__).resolve().parents[1] / "bench" / "gpu" / "run.sh"
     result = subprocess.run(["bash", str(script), "--dry-run"], capture_output=True, text=True, timeout=300,

@@ -32,15 +32,15 @@ def train_command(config_path: Path, dry_run: bool, resume: bool, db_url: str | 
         plan = make_plan(config, config_path)
     except (ConfigError, DatasetError) as exc:
         raise click.ClickException(str(exc)) from None
+    command = launch_command(config, config_path, db_url) + (["--resume"] if resume else [])
     if dry_run:
         described = plan.describe()
-        click.echo(f"command: {described['command']}")
+        click.echo(f"command: {shell(command)}")
         if described["vllm_server_command"]:
             click.echo(f"vllm server (start first, on other GPUs): {described['vllm_server_command']}")
         click.echo(json.dumps(described, indent=2))
         return
     if needs_accelerate(config) and not launched:
-        command = launch_command(config, config_path) + (["--resume"] if resume else [])
         click.echo(f"launching: {shell(command)}", err=True)
         sys.exit(subprocess.call(command))
     _run(plan, resume, db_url)

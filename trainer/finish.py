@@ -57,6 +57,8 @@ def evaluate_model(plan: Plan, model: Reviser, echo: Callable[[str], None] = pri
 
 def register(plan: Plan, model_dir: Path, metrics: dict[str, Any], evaluation: dict[str, Any],
              db_url: str | None) -> Any:
+    """The version's row in `models`. Its base is the model training started from (the warm-up's, when there was
+    one): what a LoRA adapter applies to."""
     from tracemill.store.cli import open_store
     from tracemill.trainer.registry import NewModel, register_model
 
@@ -64,7 +66,7 @@ def register(plan: Plan, model_dir: Path, metrics: dict[str, Any], evaluation: d
     config["prompt_settings"] = plan.rows.prompt_settings.to_dict()
     engine = open_store(db_url or plan.config.output.database_url)
     try:
-        return register_model(engine, NewModel(plan.config.model.base, plan.config.model.kind, str(model_dir),
+        return register_model(engine, NewModel(plan.start_model, plan.config.model.kind, str(model_dir),
                                                plan.rows.content_hash, config, metrics, evaluation,
                                                plan.config.output.name))
     finally:

@@ -1,6 +1,7 @@
 """The optional LLM judge reward: any OpenAI-compatible chat endpoint scores whether the recovered call serves the
-user's request (0-10, scaled to 0-1). Off by default; a judge that cannot answer leaves the row out (None), counted in
-the `judge_failed` metric, and never stops training."""
+user's request (0-10, scaled to 0-1). Off by default; a judge that cannot answer for one completion leaves its whole
+group out (None for each of the prompt's completions: TRL would count a lone None as 0 beside its siblings' scores),
+counted in the `judge_failed` metric, and never stops training."""
 
 from __future__ import annotations
 
@@ -21,14 +22,16 @@ _SCORE = re.compile(r"\b(10|[0-9])(?:\.\d+)?\b")
 
 
 class LLMJudge:
-    """A TRL reward function: `judge(completions, raw, tools, context, ...)` -> one score in [0, 1] or None each."""
+    """A TRL reward function: `judge(completions, raw, tools, context, ...)` -> one score in [0, 1] or None each, for
+    a batch as TRL passes it: each prompt's `num_generations` completions in a row."""
 
     __name__ = "judge"
 
-    def __init__(self, url: str, model: str, timeout: float = 30.0, workers: int = 8) -> None:
+    def __init__(self, url: str, model: str, num_generations: int, timeout: float = 30.0, workers: int = 8) -> None:
         url = url.rstrip("/")
         self.chat_url = url if url.endswith("/chat/completions") else url + "/chat/completions"
         self.model = model
+        self.num_generations = num_generations
         self.timeout = timeout
         self.workers = workers
 
@@ -64,7 +67,17 @@ class LLMJudge:
         with ThreadPoolExecutor(max_workers=self.workers) as pool:
             answers = iter(list(pool.map(lambda job: self.ask(*job), asked)))
         scores = [next(answers) if isinstance(j, tuple) else j for j in jobs]
+        failed = [s is None and isinstance(j, tuple) for s, j in zip(scores, jobs, strict=True)]
         if log_metric is not None and asked:
-            failed = sum(s is None for s, j in zip(scores, jobs, strict=True) if isinstance(j, tuple))
-            log_metric("judge_failed", failed / len(asked))
-        return scores
+            log_metric("judge_failed", sum(failed) / len(asked))
+        return self.without_failed_groups(scores, failed)
+
+    def without_failed_groups(self, scores: list[float | None], failed: list[bool]) -> list[float | None]:
+        """None for every completion of a group the judge failed on. TRL groups the batches of all processes, joined
+        in process order, by position, so a group may straddle two processes: the failures are joined the same way."""
+        from accelerate import PartialState
+        from accelerate.utils import gather_object
+
+        start = PartialState().process_index * len(scores)  # TRL gives every process a batch of the same size
+        groups = {i // self.num_generations for i, f in enumerate(gather_object(failed)) if f}
+        return [None if (start + i) // self.num_generations in groups else s for i, s in enumerate(scores)]

@@ -23,9 +23,12 @@ def needs_accelerate(config: TrainConfig) -> bool:
     return config.launch.num_processes > 1 or config.launch.deepspeed is not None
 
 
-def launch_command(config: TrainConfig, config_path: Path) -> list[str]:
-    """The command that runs this config: `tracemill train` itself, or `accelerate launch` of it."""
+def launch_command(config: TrainConfig, config_path: Path, db_url: str | None = None) -> list[str]:
+    """The command that runs this config (registering in `db_url`, when given, as `train --db` does): `tracemill
+    train` itself, or `accelerate launch` of it."""
     train = ["-m", "tracemill.cli", "train", "--config", str(config_path.resolve())]
+    if db_url:
+        train += ["--db", db_url]
     if not needs_accelerate(config):
         return [sys.executable, *train]
     return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(accelerate_config(config)),

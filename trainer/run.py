@@ -171,7 +171,8 @@ def train(plan: Plan, resume: bool = False, echo: Callable[[str], None] = print)
     if c.rewards.judge.enabled:
         from tracemill.trainer.judge import LLMJudge
 
-        rewards.append(LLMJudge(str(c.rewards.judge.url), c.rewards.judge.model, c.rewards.judge.timeout))
+        rewards.append(LLMJudge(str(c.rewards.judge.url), c.rewards.judge.model, c.grpo.num_generations,
+                               c.rewards.judge.timeout))
     peft_config = None
     if c.model.kind == "lora":
         from peft import LoraConfig
