@@ -253,12 +253,6 @@ def pb_span(trace: str, span_id: str, **changes: object) -> Span:
     return span
 
 
-def poisoned_tool_call(trace: str, span_id: str) -> Span:
-    """A tool call whose arguments hold an integer the store cannot encode: found only once its rows are built."""
-    calls = [{"id": "big", "name": "get_weather", "arguments": '{"city": 123456789012345678901234567890}'}]
-    return make_span(trace, span_id, "chat", chat_attributes(calls))
-
-
 def late_event(trace: str, span_id: str) -> Span:
     span = pb_span(trace, span_id)
     span.events.add(name="e", time_unix_nano=2**63)
@@ -273,7 +267,6 @@ PROTOBUF_POISONS = {  # the poison span, and what the answer must name
     "NUL in an attribute key": (lambda t, s: make_span(t, s, "chat", {"no\x00te": "ab"}), ".attributes["),
     "an attribute over the limit": (lambda t, s: make_span(t, s, "chat", {"gen_ai.output.messages": "x" * 5000}),
                                     ".attributes['gen_ai.output.messages']"),
-    "an integer over 64 bits in a tool call": (poisoned_tool_call, "the store cannot keep one of its values"),
 }
 
 JSON_POISONS = {
