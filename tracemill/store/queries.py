@@ -147,7 +147,7 @@ def calls(conn: Connection, f: CallFilter = CallFilter(), limit: int | None = No
     statement = f.apply(select(*_call_columns(unread))).order_by(C.id)
     if limit is not None:
         statement = statement.limit(limit)
-    return [StoredCall(*row) for row in conn.execute(statement)]
+    return [StoredCall(*row) for row in conn.execute(statement).all()]
 
 
 def iter_calls(engine: Engine, f: CallFilter = CallFilter(), batch: int = 5000) -> Iterator[list[StoredCall]]:
@@ -228,7 +228,7 @@ def _ends_in(last: int, start: int | None, stop: int | None) -> bool:
 def _trace_spans(conn: Connection, f: CallFilter, traces: Sequence[str]) -> dict[str, tuple[int, int]]:
     """The first and last id of the calls `f` selects in each of these traces."""
     statement = f.apply(select(C.trace_id, func.min(C.id), func.max(C.id))).where(C.trace_id.in_(traces))
-    return {trace: (first, last) for trace, first, last in conn.execute(statement.group_by(C.trace_id))}
+    return {trace: (first, last) for trace, first, last in conn.execute(statement.group_by(C.trace_id)).all()}
 
 
 def _as_kwargs(f: CallFilter) -> dict[str, Any]:
