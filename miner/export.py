@@ -8,11 +8,14 @@ from the store and the options: rows come trace by trace in that order, valid ca
 traces go to eval by a hash of their id (or, with `eval_after`, by when they began), and of two rows with the same
 prompt only the first is kept. The export is written to a hidden folder beside `out` and renamed into place at the
 end: a run stopped half-way leaves no export, and an earlier export at `out` stays whole until the new one replaces
-it (a run killed outright leaves its hidden folder, which the next run to the same `out` removes).
+it, in one step where the system can swap two folders (a run killed outright leaves its hidden folder, which the next
+run to the same `out` removes, putting back first an earlier export it had moved aside).
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import hashlib
 import itertools
 import os
@@ -140,8 +143,7 @@ def mine(engine: Engine, out: Path, options: MineOptions = MineOptions(),
         where = replace(where, up_to_id=min(upto, where.up_to_id or upto))
     valid_rate = _valid_rate(engine, where, options.valid_share)
     out.parent.mkdir(parents=True, exist_ok=True)
-    for stale in out.parent.glob(f".{out.name}.partial-*"):  # left by a run that was killed (SIGKILL, power)
-        shutil.rmtree(stale, ignore_errors=True)
+    _clear_leftovers(out)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
         card = _write(engine, work, where, options, valid_rate, progress)
@@ -157,14 +159,48 @@ def mine(engine: Engine, out: Path, options: MineOptions = MineOptions(),
     return ExportResult(out, dataset_id, card)
 
 
+def _clear_leftovers(out: Path) -> None:
+    """What a run killed outright (SIGKILL, power) left beside `out`: its half-written export, and an earlier export it
+    had moved aside to put its own in place, which goes back to `out` where nothing took its place."""
+    for stale in out.parent.glob(f".{out.name}.partial-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    for aside in out.parent.glob(f".{out.name}.old-*"):
+        if not out.exists() and is_export(aside / "export"):
+            os.replace(aside / "export", out)
+        shutil.rmtree(aside, ignore_errors=True)
+
+
 def _replace(work: Path, out: Path) -> None:
     if not out.exists():
         os.replace(work, out)
+        return
+    if _exchange(work, out):  # one step: `out` is never missing, whenever the run is killed
+        shutil.rmtree(work, ignore_errors=True)
         return
     old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
     os.replace(out, old / "export")
     os.replace(work, out)
     shutil.rmtree(old, ignore_errors=True)
+
+
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths at once (Linux's `renameat2` with RENAME_EXCHANGE); False where the system or its file system
+    cannot."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    error = ctypes.get_errno()
+    if error in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(error, os.strerror(error), str(b))
 
 
 def _ranges(engine: Engine, where: CallFilter, workers: int) -> list[tuple[int | None, int | None]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import itertools
 import json
+import os
 import threading
 from collections import Counter
 from pathlib import Path
@@ -409,6 +410,12 @@ def test_an_interrupted_run_leaves_no_export_and_keeps_the_previous_one(start_co
         mine(engine, out, MineOptions(batch=50, seed=1), progress=interrupt)
     assert (out / "train.jsonl").read_bytes() == before and json.loads((out / "dataset.json").read_text())[
         "content_hash"] == done.card["content_hash"]
+    aside = tmp_path / ".ds.old-killed"  # a swap by two renames (where two folders cannot be swapped at once) killed
+    aside.mkdir()  # between them: the earlier export moved aside, nothing yet in its place
+    os.replace(out, aside / "export")
+    with pytest.raises(KeyboardInterrupt):
+        mine(engine, out, MineOptions(batch=50, seed=1), progress=interrupt)
+    assert (out / "train.jsonl").read_bytes() == before and not aside.exists()
     with engine.connect() as conn:
         assert conn.execute(select(DatasetRow.id)).scalars().all() == [done.dataset_id]
     engine.dispose()
