@@ -37,7 +37,7 @@ from tracemill.reader import Reading, read
 from tracemill.reviser_prompt import PromptSettings, ReviserPrompt, build_prompt
 from tracemill.short_cache import cache_short
 from tracemill.store.payloads import REF_KEY, resolve_all
-from tracemill.store.queries import CallFilter, StoredCall, by_span_keys, iter_traces, toolsets
+from tracemill.store.queries import CallFilter, StoredCall, by_span_keys, iter_traces, toolsets, trace_starts
 from tracemill.store.tables import PayloadRow, ReviewRow, SpanRow
 from tracemill.tools import Tool, tool_index
 
@@ -222,11 +222,15 @@ def _reviews(engine: Engine, ids: list[int]) -> dict[int, Any]:
     return {row.call_id: row.after for row in rows}
 
 
-def _in_eval(trace: list[StoredCall], options: PartOptions) -> bool:
-    if options.eval_after is not None:
-        after = options.eval_after if options.eval_after.tzinfo else options.eval_after.replace(tzinfo=UTC)
-        return min(c.start_time_ns for c in trace) >= after.timestamp() * 1e9
-    return unit(options.seed, "split", trace[0].trace_id) < options.eval_share
+def _eval_traces(engine: Engine, traces: list[list[StoredCall]], options: PartOptions) -> set[str]:
+    """Of these traces, those whose rows go to eval. With `eval_after`, by when each began in the store: a trace whose
+    first calls went to train in an earlier export stays there when `--since last` reads its later ones."""
+    ids = [trace[0].trace_id for trace in traces]
+    if options.eval_after is None:
+        return {t for t in ids if unit(options.seed, "split", t) < options.eval_share}
+    after = options.eval_after if options.eval_after.tzinfo else options.eval_after.replace(tzinfo=UTC)
+    began = trace_starts(engine, ids, options.where.up_to_id)
+    return {t for t in ids if began[t] >= after.timestamp() * 1e9}
 
 
 def mine_part(engine: Engine, files: PartFiles, ends: tuple[int | None, int | None], options: PartOptions,
@@ -257,9 +261,10 @@ def mine_part(engine: Engine, files: PartFiles, ends: tuple[int | None, int | No
             result.stats["calls_read"] += len(calls)
             indexes = tools.for_calls(calls)
             chosen: list[_Chosen] = []
+            in_eval = _eval_traces(engine, traces, options)
             for trace in traces:
                 repairs = find_repairs(trace, indexes, reading)
-                split = "eval" if _in_eval(trace, options) else "train"
+                split = "eval" if trace[0].trace_id in in_eval else "train"
                 for call in trace:
                     if call.toolset_id not in indexes:
                         result.stats["no_tools_known"] += 1

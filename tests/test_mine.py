@@ -340,6 +340,28 @@ def test_an_eval_row_whose_prompt_a_train_row_has_is_dropped_from_the_files_as_t
     assert len(hashes) == 1
 
 
+def test_a_trace_that_began_before_eval_after_stays_train_when_its_later_calls_are_mined_since_last(
+        start_collector, sqlite_url: str, tmp_path: Path) -> None:
+    """a1's first call (day 0) is exported to train; its next call (day 2, after --eval-after) is mined by the next
+    `--since last`, which reads only the new calls: it must go where its trace went, not leak a train trace to eval."""
+    collector = start_collector(sqlite_url)
+
+    def send(trace: str, span: str, city: int, day: int) -> None:
+        chat = chat_attributes([{"id": f"c{city}", "name": "get_weather", "arguments": {"city": city}}])
+        body = export_request([make_span(trace * 16, span * 8, "chat", chat, start_ns=START_NS + day * 86_400 * 10**9)])
+        assert httpx.post(f"{collector.url}/v1/traces", content=body,
+                          headers={"Content-Type": "application/x-protobuf"}).status_code == 200
+
+    send("a1", "cd", 7, 0)
+    _mine(sqlite_url, tmp_path / "one", "--eval-after", "2026-05-30")
+    assert [r["trace_id"] for r in _rows(tmp_path / "one", "train")] == ["a1" * 16]
+    send("a1", "ef", 8, 2)
+    send("b2", "cd", 9, 2)
+    _mine(sqlite_url, tmp_path / "two", "--eval-after", "2026-05-30", "--since", "last", "--workers", "2")
+    assert [r["trace_id"] for r in _rows(tmp_path / "two", "train")] == ["a1" * 16]
+    assert [r["trace_id"] for r in _rows(tmp_path / "two", "eval")] == ["b2" * 16]
+
+
 def test_valid_rows_are_the_share_asked_for_when_some_failed_calls_have_no_known_tools(
         start_collector, sqlite_url: str, tmp_path: Path) -> None:
     """100 failed calls with their tools, 100 broken ones from spans that list no tools (no row can be made of

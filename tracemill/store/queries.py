@@ -231,6 +231,18 @@ def _trace_spans(conn: Connection, f: CallFilter, traces: Sequence[str]) -> dict
     return {trace: (first, last) for trace, first, last in conn.execute(statement.group_by(C.trace_id)).all()}
 
 
+def trace_starts(engine: Engine, traces: Sequence[str], up_to_id: int | None = None) -> dict[str, int]:
+    """When each of these traces began: the start (ns) of its first call among all it has stored (up to `up_to_id`),
+    not only those a filter selects or a `--since last` read."""
+    if not traces:
+        return {}
+    statement = select(C.trace_id, func.min(C.start_time_ns)).where(C.trace_id.in_(traces))
+    if up_to_id is not None:
+        statement = statement.where(C.id <= up_to_id)
+    with engine.connect() as conn:
+        return {trace: began for trace, began in conn.execute(statement.group_by(C.trace_id)).all()}
+
+
 def _as_kwargs(f: CallFilter) -> dict[str, Any]:
     return {field.name: getattr(f, field.name) for field in fields(f)}
 
