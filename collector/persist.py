@@ -7,10 +7,11 @@ toolset ids, what earlier batches stored, the inserts)."""
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Dialect, bindparam, select, update
+from sqlalchemy import Connection, Dialect, bindparam, or_, select, update
 
 from tracemill.collector import same_call
 from tracemill.collector.domains import call_domain
@@ -83,7 +84,7 @@ class Prepared:
     calls: list[dict[str, Any]]
     call_toolsets: list[_Toolset | None]  # the toolset of each of `calls`, whose id `write` fills in
     executions: list[dict[str, Any]]
-    in_batch: dict[tuple[str, str], dict[str, Any]]  # (trace, tool call id) -> this batch's execution row
+    in_batch: dict[tuple[str, str], list[dict[str, Any]]]  # (trace, tool call id) -> this batch's execution rows
     first_span: dict[tuple[str, str], str]  # (trace, tool call id) -> the first span of this batch showing the call
     # Calls whose trace offered no tools in this batch nor, as far as this writer knows, before: `write` looks for
     # the trace's tools in the store (an earlier request, maybe taken by another ingest process) and verifies again.
@@ -133,7 +134,7 @@ class SpanWriter:
                 row = _execution_row(span, execution)
                 batch.executions.append(row)
                 if execution.tool_call_id:
-                    batch.in_batch[(span.trace_id, execution.tool_call_id)] = row
+                    batch.in_batch.setdefault((span.trace_id, execution.tool_call_id), []).append(row)
         for span, found in extracted:
             for call in found.calls:
                 if call.tool_call_id:
@@ -179,16 +180,17 @@ class SpanWriter:
         # An execution whose call is not in this batch may belong to a call stored earlier.
         links = [{"t": r["trace_id"], "c": r["tool_call_id"], "s": "success" if r["ok"] else "error",
                   "e": r["error"], "r": r["result"], "x": r["span_id"]}
-                 for r in batch.executions
-                 if r["tool_call_id"] and (r["trace_id"], r["tool_call_id"]) not in linked]
+                 for r in batch.executions if r["tool_call_id"] and not same_call.numbered(r["tool_call_id"])
+                 and (r["trace_id"], r["tool_call_id"]) not in linked]
         self._insert_executions.execute_params(conn, batch.execution_params)
         if links:
             conn.execute(_LINK_EXECUTION, links)
         if fills:
             conn.execute(same_call.FILL_STORED, [same_call.fill_params(k, row) for k, row in fills.items()])
-        unnamed = [r for r in batch.executions if not r["tool_call_id"] and r["tool_name"] and id(r) not in linked]
-        if unnamed:
-            _link_stored_by_content(conn, unnamed)
+        by_content = [r for r in batch.executions if id(r) not in linked and (
+            same_call.numbered(r["tool_call_id"]) if r["tool_call_id"] else r["tool_name"])]
+        if by_content:
+            _link_stored_by_content(conn, by_content)
         self._new_calls = [(r["twin_key"], (r["trace_id"], r["span_id"], r["call_index"]))
                            for r in calls if r["twin_key"] is not None]
 
@@ -199,6 +201,7 @@ class SpanWriter:
         kept row that another trace showed too, that trace's (trace, call id), where its execution may be. Each row
         gets its `twin_key` (`same_call.recent_key`)."""
         owners = _stored_owners(conn, first_span) if first_span else {}
+        numbered_owners = _numbered_owners(conn, rows)
         recent_calls = self._recent_calls
         # the twins neither this batch nor this writer's recent calls know of, looked for in the store at once
         unknown: set[tuple[Any, ...]] = set()
@@ -215,7 +218,7 @@ class SpanWriter:
         stored = same_call.stored_twins(conn, call_ids, response_ids) if unknown else {}
         kept: list[dict[str, Any]] = []
         fills: dict[tuple[str, str, int], dict[str, Any]] = {}
-        in_trace: dict[tuple[str, str], dict[str, Any]] = {}
+        in_trace: dict[tuple[Any, ...], dict[str, Any]] = {}
         by_content: dict[tuple[Any, ...], dict[str, Any]] = {}
         seen_as: dict[int, tuple[str, str]] = {}
         filled: list[dict[str, Any]] = []  # kept rows given another's verdict: their key is their content's now
@@ -235,16 +238,17 @@ class SpanWriter:
                     by_content[content] = row
                 kept.append(row)
                 continue
-            key = (row["trace_id"], row["tool_call_id"])
+            numbered = same_call.numbered(row["tool_call_id"])
+            key = same_call.numbered_key(row) if numbered else (row["trace_id"], row["tool_call_id"])
             if key in in_trace:
                 same_call.fill(in_trace[key], row)
                 filled.append(in_trace[key])
                 continue
-            owner = owners.get(key)
+            owner = (numbered_owners if numbered else owners).get(key)
             if owner is not None and owner[0] != row["span_id"]:
                 fills[(row["trace_id"], *owner)] = row
                 continue
-            if content is None:  # an id too short to be drawn at random: one call within its trace only
+            if content is None:  # a numbered id: one call within its trace only, with the same content
                 in_trace[key] = row
                 kept.append(row)
                 continue
@@ -423,9 +427,14 @@ def _link_executions(conn: Connection, calls: list[dict[str, Any]], in_batch: di
             unnamed.setdefault(execution["trace_id"], []).append(execution)
     for row in calls:
         key = (row["trace_id"], row["tool_call_id"])
-        hit = in_batch.get(key) if row["tool_call_id"] else None
+        if row["tool_call_id"] and same_call.numbered(row["tool_call_id"]):
+            hit = _ran(row, in_batch.get(key, ()), linked)
+            if hit is not None:
+                linked.add(id(hit))
+        else:
+            hit = _last(in_batch.get(key)) if row["tool_call_id"] else None
         if hit is None and id(row) in seen_as:
-            hit = in_batch.get(seen_as[id(row)])
+            hit = _last(in_batch.get(seen_as[id(row)]))
             if hit is not None:
                 linked.add(seen_as[id(row)])
         for trace_id in (row["trace_id"], seen_as[id(row)][0]) if id(row) in seen_as else (row["trace_id"],):
@@ -446,11 +455,22 @@ def _link_executions(conn: Connection, calls: list[dict[str, Any]], in_batch: di
         ).all()
         by_key = {(s.trace_id, s.tool_call_id): s for s in stored if s.tool_call_id}
         stored_unnamed: dict[str, list[dict[str, Any]]] = {}
+        stored_numbered: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for s in stored:
             if not s.tool_call_id and s.tool_name:
                 stored_unnamed.setdefault(s.trace_id, []).append(s._asdict())
+            elif s.tool_call_id and same_call.numbered(s.tool_call_id):
+                stored_numbered.setdefault((s.trace_id, s.tool_call_id), []).append(s._asdict())
+        taken = _linked_spans(conn, {trace for trace, _ in stored_numbered}) if stored_numbered else set()
         for row in missing:
-            s = by_key.get((row["trace_id"], row["tool_call_id"])) if row["tool_call_id"] else None
+            key = (row["trace_id"], row["tool_call_id"])
+            if key in stored_numbered:
+                ran = _ran(row, (e for e in stored_numbered[key] if e["span_id"] not in taken), linked)
+                if ran is not None:
+                    linked.add(id(ran))
+                    _set_execution(row, ran["span_id"], ran["ok"], ran["error"], ran["result"])
+                continue
+            s = by_key.get(key) if row["tool_call_id"] else None
             if s is not None:
                 _set_execution(row, s.span_id, s.ok, s.error, s.result)
             elif row["trace_id"] in stored_unnamed:
@@ -459,6 +479,22 @@ def _link_executions(conn: Connection, calls: list[dict[str, Any]], in_batch: di
                     linked.add(id(found))
                     _set_execution(row, found["span_id"], found["ok"], found["error"], found["result"])
     return linked
+
+
+def _last(executions: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    return executions[-1] if executions else None
+
+
+def _ran(row: dict[str, Any], executions: Iterable[dict[str, Any]], taken: set[Any]) -> dict[str, Any] | None:
+    """The first execution not taken yet of a numbered call id that ran the row's tool with its arguments (where it
+    says which)."""
+    return next((e for e in executions if id(e) not in taken and same_call.ran(e, row["name"], row["arguments"])), None)
+
+
+def _linked_spans(conn: Connection, traces: set[str]) -> set[str]:
+    """The executions (by span) that calls of these traces were linked to."""
+    return set(conn.execute(select(_CALLS.c.execution_span_id).where(
+        _CALLS.c.trace_id.in_(traces), _CALLS.c.execution_span_id.is_not(None))).scalars())
 
 
 def _same_content(row: dict[str, Any], executions: list[dict[str, Any]], taken: set[Any]) -> dict[str, Any] | None:
@@ -473,18 +509,22 @@ def _same_content(row: dict[str, Any], executions: list[dict[str, Any]], taken: 
 
 
 def _link_stored_by_content(conn: Connection, executions: list[dict[str, Any]]) -> None:
-    """Executions without a call id, linked to a stored call of their trace with the same tool and arguments."""
+    """Executions without a call id, or with a numbered one, linked to a stored call of their trace (the first made,
+    of those that could be it) with the same tool and arguments (`same_call.ran`, for a numbered id)."""
     stored = conn.execute(
-        select(_CALLS.c.id, _CALLS.c.trace_id, _CALLS.c.name, _CALLS.c.arguments)
+        select(_CALLS.c.id, _CALLS.c.trace_id, _CALLS.c.tool_call_id, _CALLS.c.name, _CALLS.c.arguments)
         .where(_CALLS.c.trace_id.in_({e["trace_id"] for e in executions}), _CALLS.c.execution_status.is_(None),
-               _CALLS.c.name.in_({e["tool_name"] for e in executions}))
+               or_(_CALLS.c.name.in_({e["tool_name"] for e in executions if not e["tool_call_id"]}),
+                   _CALLS.c.tool_call_id.in_({e["tool_call_id"] for e in executions if e["tool_call_id"]})))
         .order_by(_CALLS.c.id)
     ).all()
     taken: set[int] = set()
     updates = []
     for execution in executions:
         for call in stored:
-            if (call.id not in taken and call.trace_id == execution["trace_id"] and call.name == execution["tool_name"]
+            if call.id not in taken and call.trace_id == execution["trace_id"] and (
+                    same_call.ran(execution, call.name, call.arguments)
+                    if execution["tool_call_id"] else call.name == execution["tool_name"]
                     and same_call.same_arguments(execution["arguments"], call.arguments)):
                 taken.add(call.id)
                 updates.append({"i": call.id, "s": "success" if execution["ok"] else "error", "e": execution["error"],
@@ -494,6 +534,31 @@ def _link_stored_by_content(conn: Connection, executions: list[dict[str, Any]]) 
         conn.execute(update(_CALLS).where(_CALLS.c.id == bindparam("i"))
                      .values(execution_status=bindparam("s"), execution_error=bindparam("e"),
                              execution_result=bindparam("r"), execution_span_id=bindparam("x")), updates)
+
+
+def _numbered_owners(conn: Connection, rows: list[dict[str, Any]]) -> dict[tuple[Any, ...], tuple[str, int]]:
+    """`same_call.numbered_key` -> the (span, call index) of the stored row that holds that call, for the numbered ids
+    of these rows."""
+    numbered = {(r["trace_id"], r["tool_call_id"]) for r in rows if r["tool_call_id"] and
+                same_call.numbered(r["tool_call_id"])}
+    if not numbered:
+        return {}
+    sqlite = conn.dialect.name == "sqlite"
+    stored = conn.execute(_NUMBERED_OWNERS[sqlite], same_call.listed_params(
+        sqlite, trace_id={t for t, _ in numbered}, tool_call_id={c for _, c in numbered}))
+    found: dict[tuple[Any, ...], tuple[str, int]] = {}
+    for r in stored:
+        found.setdefault(same_call.numbered_key(r._mapping), (r.span_id, r.call_index))
+    return found
+
+
+_NUMBERED_OWNERS = {
+    sqlite: select(_CALLS.c.trace_id, _CALLS.c.tool_call_id, _CALLS.c.name, _CALLS.c.arguments, _CALLS.c.raw,
+                   _CALLS.c.span_id, _CALLS.c.call_index)
+    .where(same_call.one_of(_CALLS.c.trace_id, sqlite), same_call.one_of(_CALLS.c.tool_call_id, sqlite))
+    .order_by(_CALLS.c.id)
+    for sqlite in (True, False)
+}
 
 
 def _stored_owners(conn: Connection, first_span: dict[tuple[str, str], str]) -> dict[tuple[str, str], tuple[str, int]]:

@@ -3,11 +3,13 @@ OpenInference), or two instrumentations of one request (OpenInference's LangChai
 OpenAI spans start traces of their own). The row kept is the first one stored, filled in with what the others know
 and it does not: the model, the tools offered (and so the verdict against them), the harness version, the execution.
 
-Within a trace a tool call id is one call. Across traces it is one call only when its content (name and arguments)
-is the same too, and only an id long enough to be drawn at random (`UNIQUE_ID_CHARS`: OpenAI's, vLLM's, Anthropic's,
-Mistral's 9 characters) counts: servers that number their calls (`0`, `call_0`) repeat ids across requests. Those
-twins are found in the same request, among the calls this writer stored recently (`RecentCalls`), and for the rest in
-the store, whichever ingest process wrote them (`stored_twins`: one indexed query a batch).
+Within a trace an id long enough to be drawn at random (`UNIQUE_ID_CHARS`: OpenAI's, vLLM's, Anthropic's, Mistral's
+9 characters) is one call. Servers that number their calls (`0`, `call_0`: `numbered`) repeat ids across requests,
+and so across the turns of one conversation: within a trace such an id is one call only with the same content (name
+and arguments), and its executions go to the call with their id whose tool and arguments they ran. Across traces an
+id is one call only when its content is the same too, and only a drawn id counts. Those twins are found in the same
+request, among the calls this writer stored recently (`RecentCalls`), and for the rest in the store, whichever ingest
+process wrote them (`stored_twins`: one indexed query a batch).
 
 A call the model wrote as text has no id: it is one call where the response that holds it is one (its id drawn at
 random, `UNIQUE_RESPONSE_ID_CHARS`) and it is the same text at the same place in that response (`response_key`).
@@ -39,13 +41,27 @@ UNIQUE_ID_CHARS = 9
 UNIQUE_RESPONSE_ID_CHARS = 20
 
 
+def numbered(call_id: str) -> bool:
+    """An id too short to be drawn at random: one a server numbering its calls gives again."""
+    return len(call_id) < UNIQUE_ID_CHARS
+
+
+def body(row: Mapping[str, Any]) -> bytes:
+    """A call's arguments (keys sorted), or what the model wrote where they could not be read."""
+    arguments = row["arguments"]
+    return json_text(arguments, sort_keys=True).encode() if arguments is not None else row["raw"].encode()
+
+
+def numbered_key(row: Mapping[str, Any]) -> tuple[str, str, str | None, bytes]:
+    """What makes two rows with one numbered id in a trace the same call: the same content too."""
+    return row["trace_id"], row["tool_call_id"], row["name"], body(row)
+
+
 def content_key(row: Mapping[str, Any]) -> tuple[Any, str | None, str | None, bytes]:
     """What makes two rows with one call id the same call in two traces: the same service too, since two
     instrumentations of one agent share its resource, while a proxy that traces what it relayed (the reviser sidecar)
     is a service of its own whose rows are its record, not the agent's."""
-    arguments = row["arguments"]
-    body = json_text(arguments, sort_keys=True).encode() if arguments is not None else row["raw"].encode()
-    return row["service"], row["tool_call_id"], row["name"], body
+    return row["service"], row["tool_call_id"], row["name"], body(row)
 
 
 def response_key(row: Mapping[str, Any]) -> tuple[str, Any, str, int, str] | None:
@@ -61,7 +77,7 @@ def response_key(row: Mapping[str, Any]) -> tuple[str, Any, str, int, str] | Non
 def recent_key(row: Mapping[str, Any]) -> tuple[Any, ...] | None:
     """The key under which a stored row is found again from another trace (`RecentCalls`, `stored_twins`), if any."""
     if row["tool_call_id"]:
-        return content_key(row) if len(row["tool_call_id"]) >= UNIQUE_ID_CHARS else None
+        return None if numbered(row["tool_call_id"]) else content_key(row)
     return response_key(row)
 
 
@@ -160,6 +176,13 @@ class RecentCalls(OrderedDict[tuple[Any, ...], tuple[str, str, int]]):
         self[key] = where
         if len(self) > self.size:
             self.popitem(last=False)
+
+
+def ran(execution: Mapping[str, Any], name: str | None, arguments: dict[str, Any] | None) -> bool:
+    """Whether an execution with a numbered id ran this call of its id: the same tool and arguments, where it says."""
+    return (execution["tool_name"] in (None, name)
+            and (execution["arguments"] is None or arguments is None
+                 or same_arguments(execution["arguments"], arguments)))
 
 
 def same_arguments(execution_arguments: str | None, call_arguments: dict[str, Any] | None) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from sqlalchemy import select
 
 from tracemill.collector.decode import Limits, decode_protobuf
@@ -99,6 +100,43 @@ def test_a_call_id_in_two_traces_is_two_calls_with_other_content_or_a_numbered_i
         cities = sorted(a["city"] for a in conn.execute(select(ToolCallRow.arguments)).scalars())
     engine.dispose()
     assert cities == ["Oslo", "Paris", "Rome", "Rome"]
+
+
+def test_a_numbered_call_id_repeated_in_the_turns_of_one_trace_is_one_call_per_turn(db_url: str) -> None:
+    """A server that numbers its calls (`call_0`) gives each turn's call of one agent loop the same id: each is a row of
+    its own with its own execution, the executions coming before or after their calls, while a chain span repeating a
+    turn's call is still that call."""
+    engine = make_engine(db_url)
+    upgrade(engine)
+    writer = SpanWriter(engine.dialect)
+    trace = "a1" * 16
+
+    def chat(span: str, city: str) -> Span:
+        call = [{"id": "call_0", "name": "get_weather", "arguments": {"city": city}}]
+        return make_span(trace, span * 8, "chat", chat_attributes(call))
+
+    def tool(span: str, result: str, city: str | None) -> Span:
+        attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "get_weather",
+                      "gen_ai.tool.call.id": "call_0", "gen_ai.tool.call.result": result}
+        if city is not None:
+            attributes["gen_ai.tool.call.arguments"] = json.dumps({"city": city})
+        return make_span(trace, span * 8, "execute_tool get_weather", attributes)
+
+    rome = {"name": "get_weather", "args": {"city": "Rome"}, "id": "call_0"}
+    said = {"type": "ai", "content": "", "tool_calls": [rome]}
+    chain = {"langsmith.span.kind": "chain", "gen_ai.completion": json.dumps({"messages": [said]})}
+    for spans in ([chat("01", "Paris")], [chat("03", "Oslo")], [tool("04", "rain in Oslo", "Oslo")],
+                  [tool("02", "sunny in Paris", "Paris")], [tool("06", "hot in Rome", None)],
+                  [make_span(trace, "07" * 8, "agent", chain), chat("05", "Rome")],
+                  [chat("08", "Lima"), tool("09", "mild in Lima", "Lima")]):
+        _write(engine, writer, spans)
+    with engine.connect() as conn:
+        rows = conn.execute(select(ToolCallRow.arguments, ToolCallRow.execution_result, ToolCallRow.stage)
+                            .order_by(ToolCallRow.id)).all()
+    engine.dispose()
+    assert [(r.arguments["city"], r.execution_result, r.stage) for r in rows] == [
+        ("Paris", "sunny in Paris", None), ("Oslo", "rain in Oslo", None), ("Rome", "hot in Rome", None),
+        ("Lima", "mild in Lima", None)]
 
 
 def test_the_sidecar_s_record_of_a_call_does_not_take_the_agent_s_row(sqlite_url: str) -> None:
