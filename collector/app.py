@@ -72,7 +72,7 @@ def _success(stored: Stored, json_body: bool, logs: bool) -> Response:
     if json_body:
         key = "rejectedLogRecords" if logs else "rejectedSpans"
         body = ({"partialSuccess": {key: str(stored.rejected), "errorMessage": summary(stored.reasons)}}
-                if stored.rejected else {})
+                if stored.reasons else {})
         return Response(orjson.dumps(body), media_type="application/json")
     return Response(export_response(stored, logs).SerializeToString(), media_type="application/x-protobuf")
 

@@ -6,7 +6,9 @@ end before the start), over a limit (an attribute's size, count or nesting) or h
 (a time outside 0 to 2^63 - 1 ns, an integer outside int64, a NUL character in a string) is rejected alone and
 reported as a partial success, and its neighbours are stored; a fault in a resource or a scope rejects the spans under
 it. PostgreSQL refuses NUL characters; they are refused on SQLite too, so that a request gets the same answer from
-either store.
+either store. A string that is not valid UTF-8 (or a lone surrogate escape in JSON) is stored with U+FFFD in place of
+what cannot be, with a note in the partial success naming where (`collector.mend`): one such string used to refuse the
+whole request.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import orjson
 from google.protobuf.message import DecodeError, Message
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from tracemill.collector.mend import Unmendable, mend_json, mend_protobuf
 from tracemill.spans import SpanRecord
 
 _M = TypeVar("_M", bound=Message)
@@ -49,7 +52,8 @@ class Decoded:
     spans: list[SpanRecord] = field(default_factory=list)
     places: list[str] = field(default_factory=list)  # where each of `spans` is in the request
     rejected: int = 0  # spans
-    reasons: list[str] = field(default_factory=list)  # why, one message per rejected span or group of spans
+    # why, one message per rejected span or group of spans; and where a string was mended to be stored
+    reasons: list[str] = field(default_factory=list)
 
     def reject(self, reason: str, spans: int = 1) -> None:
         self.rejected += spans
@@ -136,17 +140,28 @@ def _bad_id(raw: bytes, size: int, where: str, field: str) -> NoReturn:
     raise PayloadError(f"{where}{field}: must be {size} bytes, got {len(raw)}")
 
 
-def protobuf_request(message: type[_M], body: bytes) -> _M:
-    """An OTLP/protobuf body decoded as the export request `message`. Raises PayloadError."""
+def protobuf_request(message: type[_M], body: bytes, notes: list[str] | None = None) -> _M:
+    """An OTLP/protobuf body decoded as the export request `message`, its strings mended where they are not UTF-8
+    (`collector.mend`; a note for each added to `notes`). Raises PayloadError."""
     try:
         return message.FromString(body)
     except (DecodeError, RuntimeError, ValueError) as exc:
-        raise PayloadError(f"body is not a protobuf {message.__name__}: {exc}") from exc
+        refused = PayloadError(f"body is not a protobuf {message.__name__}: {exc}")
+        if "UTF-8" not in str(exc):
+            raise refused from exc
+        try:
+            mended, found = mend_protobuf(body, message.DESCRIPTOR)
+            request = message.FromString(mended)
+        except (Unmendable, DecodeError, RuntimeError, ValueError):
+            raise refused from exc
+    if notes is not None:
+        notes.extend(found)
+    return request
 
 
 def decode_protobuf(body: bytes, limits: Limits) -> Decoded:
-    request = protobuf_request(ExportTraceServiceRequest, body)
     out = Decoded()
+    request = protobuf_request(ExportTraceServiceRequest, body, out.reasons)
     for i, resource_spans in enumerate(request.resource_spans):
         try:
             resource = _pb_attributes(resource_spans.resource.attributes, limits, f"resourceSpans[{i}]",
@@ -335,18 +350,24 @@ def _json_list(obj: Mapping[str, Any], camel: str, snake: str, where: str) -> li
     return _expect(_field(obj, camel, snake, []) or [], list, f"{where}.{camel}", "a list")
 
 
-def json_request(body: bytes, message: str) -> dict[str, Any]:
-    """An OTLP/JSON body decoded: an object, the export request `message` names. Raises PayloadError."""
+def json_request(body: bytes, message: str, notes: list[str] | None = None) -> dict[str, Any]:
+    """An OTLP/JSON body decoded: an object, the export request `message` names; its strings mended where they are
+    not UTF-8 (`collector.mend`; a note for each added to `notes`). Raises PayloadError."""
     try:
         request = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise PayloadError(f"body is not valid JSON: {exc}") from exc
+        try:
+            request, found = mend_json(body)
+        except Unmendable:
+            raise PayloadError(f"body is not valid JSON: {exc}") from exc
+        if notes is not None:
+            notes.extend(found)
     return _expect(request, dict, "body", f"an {message} object")
 
 
 def decode_json(body: bytes, limits: Limits) -> Decoded:
-    request = json_request(body, "ExportTraceServiceRequest")
     out = Decoded()
+    request = json_request(body, "ExportTraceServiceRequest", out.reasons)
     for i, rs in enumerate(_json_list(request, "resourceSpans", "resource_spans", "body")):
         rs_where = f"resourceSpans[{i}]"
         _expect(rs, dict, rs_where, "an object")

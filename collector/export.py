@@ -95,7 +95,8 @@ def summary(reasons: list[str]) -> str:
 
 
 def export_response(stored: Stored, logs: bool) -> ExportTraceServiceResponse | ExportLogsServiceResponse:
-    """The OTLP answer to an export: a partial success when anything was rejected."""
+    """The OTLP answer to an export: a partial success when anything was rejected, or stored mended (a warning:
+    nothing rejected)."""
     if logs:
         response: ExportTraceServiceResponse | ExportLogsServiceResponse = ExportLogsServiceResponse()
         if stored.rejected:
@@ -104,6 +105,6 @@ def export_response(stored: Stored, logs: bool) -> ExportTraceServiceResponse | 
         response = ExportTraceServiceResponse()
         if stored.rejected:
             response.partial_success.rejected_spans = stored.rejected
-    if stored.rejected:
+    if stored.reasons:
         response.partial_success.error_message = summary(stored.reasons)
     return response

@@ -67,7 +67,7 @@ class LogEvent:
 class DecodedLogs:
     events: list[LogEvent] = field(default_factory=list)
     rejected: int = 0  # log records
-    reasons: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)  # as `Decoded.reasons`
     not_events: int = 0  # records that are no GenAI event of a span (counted in `rejected` too)
 
     def reject(self, reason: str, records: int = 1) -> None:
@@ -117,8 +117,8 @@ def _pb_id(raw: bytes, size: int, where: str) -> str:
 
 
 def decode_logs_protobuf(body: bytes, limits: Limits) -> DecodedLogs:
-    request = protobuf_request(ExportLogsServiceRequest, body)
     out = DecodedLogs()
+    request = protobuf_request(ExportLogsServiceRequest, body, out.reasons)
     for i, resource_logs in enumerate(request.resource_logs):
         for j, scope_logs in enumerate(resource_logs.scope_logs):
             for k, record in enumerate(scope_logs.log_records):
@@ -141,8 +141,8 @@ def decode_logs_protobuf(body: bytes, limits: Limits) -> DecodedLogs:
 
 
 def decode_logs_json(body: bytes, limits: Limits) -> DecodedLogs:
-    request = json_request(body, "ExportLogsServiceRequest")
     out = DecodedLogs()
+    request = json_request(body, "ExportLogsServiceRequest", out.reasons)
     for i, rl in enumerate(_json_list(request, "resourceLogs", "resource_logs", "body")):
         rl_where = f"resourceLogs[{i}]"
         _expect(rl, dict, rl_where, "an object")

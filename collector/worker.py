@@ -51,7 +51,7 @@ class Stored:
 
     spans: int
     rejected: int
-    reasons: list[str]  # one per rejected span or group of spans
+    reasons: list[str]  # one per rejected span or group of spans, and per string mended to be stored
 
 
 class BodyTooLarge(ValueError):

@@ -352,6 +352,38 @@ def test_a_nul_inside_a_json_attribute_is_stored_alike_on_sqlite_and_postgresql(
     assert call.name == "get_\ufffdweather" and call.raw.endswith("}\ufffd")
 
 
+def test_a_string_that_is_not_utf8_is_stored_mended_and_its_neighbours_with_it(db_url: str, start_collector) -> None:  # type: ignore[no-untyped-def]
+    """One bad string used to refuse its whole request: a byte that is not UTF-8 in a protobuf string, a lone surrogate
+    escape in JSON (an SDK that cut text inside an emoji). Each is stored with U+FFFD, the answer says where."""
+    collector = start_collector(db_url)
+    trace = "fb" * 16
+    chat = chat_attributes([{"id": "call_Xk2pQ9rT", "name": "get_weather", "arguments": {"city": "Paris"}}])
+    body = export_request([make_span(trace, "01" * 8, "chat", chat),
+                           make_span(trace, "02" * 8, "note", {"said": "MARK"})]).replace(b"MARK", b"M\xffRK")
+    response = httpx.post(f"{collector.url}/v1/traces", content=body, headers=PROTOBUF)
+    assert response.status_code == 200, response.text
+    partial = partial_success(response.content, PROTOBUF["Content-Type"])
+    assert partial.rejected_spans == 0 and partial.error_message == (
+        "resourceSpans[0].scopeSpans[0].spans[1].attributes[0].value.stringValue: not valid UTF-8: stored with U+FFFD "
+        "in place of what could not be")
+    for span, said in (("03", "sunny \ud83d"), ("04", "MARK")):
+        sent = json_request(json_span(trace, span * 8, attributes=[{"key": "said", "value": {"stringValue": said}}]))
+        response = httpx.post(f"{collector.url}/v1/traces", content=sent.replace(b"MARK", b"M\xffRK"), headers=JSON)
+        assert response.status_code == 200, response.text
+        partial = partial_success(response.content, JSON["Content-Type"])
+        assert partial.rejected_spans == 0 and partial.error_message.startswith(
+            "resourceSpans[0].scopeSpans[0].spans[0].attributes[0].value.stringValue: not valid UTF-8")
+    assert "not a protobuf" in refused(collector, body[:-3], PROTOBUF, 400)  # broken otherwise too: refused whole
+    engine = make_engine(db_url)
+    with engine.connect() as conn:
+        said = dict(conn.execute(text("select span_id, attributes from spans where trace_id = :t"), {"t": trace}).all())
+        calls = conn.execute(text("select count(*) from tool_calls where trace_id = :t"), {"t": trace}).scalar_one()
+    engine.dispose()
+    said = {span: (a if isinstance(a, dict) else json.loads(a)).get("said") for span, a in said.items()}
+    assert said == {"01" * 8: None, "02" * 8: "M\ufffdRK", "03" * 8: "sunny \ufffd", "04" * 8: "M\ufffdRK"}
+    assert calls == 1
+
+
 def test_a_tool_call_id_too_long_for_an_index_is_kept_as_its_digest(db_url: str, start_collector) -> None:  # type: ignore[no-untyped-def]
     """PostgreSQL's index on tool call ids holds at most 2,704 bytes an entry: a span with a longer id could not be
     stored there (and its whole request was answered 503, again and again). Such an id is kept as its digest on both
