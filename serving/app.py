@@ -273,8 +273,8 @@ class Proxy:
             if streamer.done:
                 yield DONE
         except UpstreamError as exc:
-            status = 502
             failed = self.upstream.error(exc)
+            status = failed.status_code  # 504 where it stalled, 502 where it broke
             call.exchange.error = failed.body.decode()
             yield event(error_body(failed.status_code, f"the stream broke off: {call.exchange.error}",
                                    "upstream_error"))

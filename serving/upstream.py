@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
+from multidict import CIMultiDict
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -35,7 +36,7 @@ class ClientGone(Exception):
 @dataclass(frozen=True, slots=True)
 class Answer:
     status: int
-    headers: dict[str, str]  # as they go back to the client
+    headers: CIMultiDict[str]  # as they go back to the client, a header sent more than once (Set-Cookie) kept so
     body: bytes
 
 
@@ -65,18 +66,18 @@ class Upstream:
         return f"{self.base}{path[3:]}" if path == "/v1" or path.startswith("/v1/") else f"{self.origin}{path}"
 
     @staticmethod
-    def headers(request: Request, identity: bool) -> dict[str, str]:
+    def headers(request: Request, identity: bool) -> CIMultiDict[str]:
         """The client's headers for the upstream; `identity`: ask for an unencoded body (one the proxy reads). A client
         that names no encoding gets none (the HTTP client would otherwise ask for gzip, and pass it on undecoded)."""
-        found = {k: v for k, v in request.headers.items() if k not in _NOT_FORWARDED}
+        found = CIMultiDict((k, v) for k, v in request.headers.items() if k not in _NOT_FORWARDED)
         if identity or "accept-encoding" not in found:
             found["accept-encoding"] = "identity"
         return found
 
     @staticmethod
-    def returned(response: aiohttp.ClientResponse) -> dict[str, str]:
-        """The upstream's response headers, for the client."""
-        return {k.lower(): v for k, v in response.headers.items() if k.lower() not in _NOT_RETURNED}
+    def returned(response: aiohttp.ClientResponse) -> CIMultiDict[str]:
+        """The upstream's response headers, for the client, each as often as it was sent."""
+        return CIMultiDict((k, v) for k, v in response.headers.items() if k.lower() not in _NOT_RETURNED)
 
     def error(self, exc: BaseException) -> Response:
         if isinstance(exc, asyncio.TimeoutError):

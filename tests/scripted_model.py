@@ -87,9 +87,10 @@ class ScriptedModel:
         return JSONResponse({"version": "scripted"})
 
     async def echo(self, request: Request) -> Response:
-        return JSONResponse({"method": request.method, "query": dict(request.query_params),
-                             "body": (await request.body()).decode(), "auth": request.headers.get("authorization"),
-                             "encoding": request.headers.get("accept-encoding")})
+        return _with_cookies(JSONResponse({
+            "method": request.method, "query": dict(request.query_params), "body": (await request.body()).decode(),
+            "auth": request.headers.get("authorization"), "encoding": request.headers.get("accept-encoding"),
+            "cookies": request.headers.getlist("cookie")}))
 
     async def models(self, request: Request) -> Response:
         data = [{"id": self.model, "object": "model", "owned_by": "scripted"}]
@@ -136,7 +137,7 @@ class ScriptedModel:
             return JSONResponse({"error": {"message": f"scripted failure {reply.status}", "type": "server_error",
                                            "code": reply.status}}, reply.status)
         if body.get("stream"):
-            return StreamingResponse(self._stream(key, reply, body), media_type="text/event-stream")
+            return _with_cookies(StreamingResponse(self._stream(key, reply, body), media_type="text/event-stream"))
         choices = []
         for n, answer in enumerate((reply, *reply.others)):
             message: dict[str, Any] = {"role": "assistant", "content": answer.content}
@@ -148,7 +149,7 @@ class ScriptedModel:
             "id": _response_id(), "object": "chat.completion", "created": 1, "model": self.model,
             "choices": choices, "usage": USAGE}).encode()
         self.sent[key] = sent
-        return Response(sent, media_type="application/json")
+        return _with_cookies(Response(sent, media_type="application/json"))
 
     async def _stream(self, key: str, reply: Reply, body: Mapping[str, Any]):  # type: ignore[no-untyped-def]
         response_id = _response_id()
@@ -196,3 +197,12 @@ class ScriptedModel:
         except (asyncio.CancelledError, GeneratorExit):
             self.disconnected.append(key)
             raise
+
+
+COOKIES = ["lb=node-2; Path=/", "session=7f3a; Path=/; HttpOnly"]  # a load balancer's, the server's: two Set-Cookie
+
+
+def _with_cookies(response: Response) -> Response:
+    for cookie in COOKIES:
+        response.headers.append("set-cookie", cookie)
+    return response

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from openai import APIError, APIStatusError, OpenAI
-from scripted_model import Reply, ScriptedModel, native
+from scripted_model import COOKIES, Reply, ScriptedModel, native
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -289,13 +289,16 @@ def test_an_upstream_that_is_down_or_too_slow_gets_a_clear_answer(model, start_p
 def test_a_stream_that_stalls_ends_with_an_error_instead_of_hanging(model, start_proxy) -> None:
     scripted, upstream = model
     scripted.replies["stall"] = Reply("thinking " * 4, chunk_delay=3)
-    client = _client(start_proxy(upstream.url + "/v1", timeout=0.5))
+    proxy = start_proxy(upstream.url + "/v1", timeout=0.5)
+    client = _client(proxy)
     started = time.monotonic()
     with pytest.raises(APIError, match="the stream broke off.*did not answer in time"):
         for _ in client.chat.completions.create(model="scripted-llama", stream=True,
                                                 messages=[{"role": "user", "content": "stall"}]):
             pass
     assert time.monotonic() - started < 3
+    counted = httpx.get(proxy.url + "/metrics").text  # a timeout, as a dashboard sees it: 504, not 502
+    assert 'tracemill_serve_requests_total{route="chat",status="504"} 1.0' in counted
 
 
 def test_a_client_that_disconnects_cancels_the_upstream_request(model, start_proxy) -> None:
@@ -411,7 +414,8 @@ def test_everything_else_passes_through(model, start_proxy) -> None:
     proxy = start_proxy(upstream.url + "/v1")
     echo = httpx.post(proxy.url + "/v1/echo?x=1", content=b"hello", headers={"Authorization": "Bearer k",
                                                                             "Accept-Encoding": "gzip"}).json()
-    assert echo == {"method": "POST", "query": {"x": "1"}, "body": "hello", "auth": "Bearer k", "encoding": "gzip"}
+    assert echo == {"method": "POST", "query": {"x": "1"}, "body": "hello", "auth": "Bearer k", "encoding": "gzip",
+                    "cookies": []}
     # a client that names no encoding (curl without --compressed) must not get one it cannot read
     plain = http.client.HTTPConnection(proxy.url.removeprefix("http://"), timeout=10)
     plain.putrequest("GET", "/v1/echo", skip_accept_encoding=True)
@@ -422,6 +426,20 @@ def test_everything_else_passes_through(model, start_proxy) -> None:
     assert httpx.get(proxy.url + "/version").json() == {"version": "scripted"}
     models = [m.id for m in _client(proxy).models.list()]
     assert models == ["scripted-llama"]  # the reviser's own adapters are not the agent's business
+
+
+def test_a_header_sent_twice_travels_twice(model, start_proxy) -> None:
+    """A load balancer's cookie and the server's own are two Set-Cookie headers: both reach the client, on a checked
+    answer, a stream and a relayed route alike; and a client's two Cookie headers both reach the upstream."""
+    _, upstream = model
+    proxy = start_proxy(upstream.url + "/v1")
+    case = CASES[0]
+    asked = {"model": "scripted-llama", "messages": [{"role": "user", "content": case.key}], "tools": case.tools}
+    for stream in (False, True):
+        answer = httpx.post(proxy.url + "/v1/chat/completions", json={**asked, "stream": stream}, timeout=30)
+        assert answer.status_code == 200 and answer.headers.get_list("set-cookie") == COOKIES
+    relayed = httpx.get(proxy.url + "/v1/echo", headers=[("Cookie", "a=1"), ("Cookie", "b=2")])
+    assert relayed.headers.get_list("set-cookie") == COOKIES and relayed.json()["cookies"] == ["a=1", "b=2"]
 
 
 def _span_metrics(proxy: ServerThread) -> dict[str, float]:
