@@ -9,6 +9,7 @@ from typing import Any
 
 from tracemill.reviser_prompt import PromptSettings
 from tracemill.trainer.config import ConfigError, TrainConfig, parse_config, read_toml
+from tracemill.trainer.launch import needs_accelerate
 
 # model.base and data.dataset are set by each cycle; a config needs them to be whole, so these stand in until then
 _PER_CYCLE = {"model": {"base": "(the cycle's base model)"}, "data": {"dataset": "(the cycle's dataset)"}}
@@ -119,10 +120,16 @@ def load_settings(path: Path, store: str, overrides: dict[str, Any] | None = Non
     folder = path.parent.resolve()
     local = folder / str(base)
     prompt = _pick(mining, PromptSettings, f"{source}: [mine]")
+    train = train_config(data, folder, source)
+    if needs_accelerate(train):
+        raise ConfigError(f"{source}: [launch]: a cycle trains in its own process, on one device; num_processes = "
+                          f"{train.launch.num_processes}, deepspeed = {train.launch.deepspeed!r} would be ignored. "
+                          "Remove [launch], or train on several GPUs with `tracemill train --config` and deploy that "
+                          "model with `tracemill deploy`")
     return CycleSettings(
         store=store, work=(folder / str(cycle.get("work", "cycles"))).resolve(),
         base_model=str(local.resolve()) if local.exists() else str(base),
-        train=train_config(data, folder, source),
+        train=train,
         decision=_pick(cycle, Decision, f"{source}: [cycle]"), gate=_pick(cycle, Gate, f"{source}: [cycle]"),
         mining=replace(_pick(mining, Mining, f"{source}: [mine]"), prompt=prompt),
         force=bool(cycle.get("force", False)), lock_ttl_s=float(cycle.get("lock_ttl_s", 120.0)))

@@ -236,6 +236,16 @@ def test_the_gate_can_be_passed_against_a_perfect_reviser_and_wants_enough_held_
         load_settings(path, "sqlite://")
 
 
+def test_a_cycle_refuses_a_launch_over_several_gpus_it_would_not_do(tmp_path):
+    path = tmp_path / "cycle.toml"
+    path.write_text('[cycle]\nbase = "unused"\n[launch]\nnum_processes = 4\n')
+    with pytest.raises(ConfigError, match=r"cycle.toml: \[launch\]: a cycle trains in its own process, on one "
+                                          r"device; num_processes = 4"):
+        load_settings(path, "sqlite://")
+    path.write_text('[cycle]\nbase = "unused"\n[launch]\nnum_processes = 1\n')
+    assert load_settings(path, "sqlite://").train.launch.num_processes == 1
+
+
 @pytest.mark.postgres
 def test_cycles_are_recorded_on_postgresql(postgres_url, tmp_path):
     engine = make_engine(postgres_url)
