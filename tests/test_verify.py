@@ -122,6 +122,20 @@ def test_parse_failures_are_named(raw: str, kind: str) -> None:
     assert verdict.stage is Stage.PARSE and verdict.violations[0].kind == kind
 
 
+def test_nan_and_infinity_are_not_json_however_the_call_comes() -> None:
+    """Python's reader takes them; JSON, and an MCP server that reads it strictly, does not."""
+    name = "Unit Converter:convert_energy"
+    verdicts = [verify(f'{{"name": "{name}", "arguments": {{"value": NaN, "from_unit": "erg", "to_unit": "joule"}}}}',
+                       TOOLS),
+                verify({"name": name, "arguments": '{"value": -Infinity, "from_unit": "erg", "to_unit": "joule"}'},
+                       TOOLS),
+                verify(ToolCall(name, {"value": float("nan"), "from_unit": "erg", "to_unit": "joule"}), TOOLS)]
+    assert [(v.ok, v.stage, v.violations[0].kind, v.violations[0].pointer) for v in verdicts] == [
+        (False, Stage.PARSE, "invalid_json", ""), (False, Stage.PARSE, "invalid_json", "/arguments"),
+        (False, Stage.PARSE, "invalid_json", "/arguments/value")]
+    assert "NaN is not a JSON value" in verdicts[0].violations[0].message
+
+
 def test_openai_tool_call_with_string_arguments() -> None:
     call = {"type": "function", "function": {"name": "Unit Converter:convert_energy",
                                              "arguments": '{"value": 1, "from_unit": "erg", "to_unit": "joule"}'}}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -112,11 +113,11 @@ def parse_call(raw: str | bytes | Mapping[str, Any] | ToolCall) -> ToolCall | Ve
 
     Accepts a ToolCall, `{"name", "arguments"}` (arguments an object, or a JSON string of one as the OpenAI API sends),
     `{"type": "function", "function": {...}}`, or the JSON text of either."""
-    if isinstance(raw, ToolCall):
-        return raw
+    if isinstance(raw, ToolCall):  # made by the caller (a reviser, an SDK), whose numbers may be NaN
+        return _finite(raw)
     if isinstance(raw, (str, bytes)):
         try:
-            raw = json.loads(raw)
+            raw = json.loads(raw, parse_constant=_not_json)
         except (ValueError, RecursionError) as exc:
             return parse_failure("invalid_json", "", f"not valid JSON: {exc}")
     if isinstance(raw, list):
@@ -135,7 +136,7 @@ def parse_call(raw: str | bytes | Mapping[str, Any] | ToolCall) -> ToolCall | Ve
     arguments = body["arguments"]
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
+            arguments = json.loads(arguments, parse_constant=_not_json) if arguments.strip() else {}
         except (ValueError, RecursionError) as exc:
             return parse_failure("invalid_json", pointer(*base, "arguments"), f"arguments are not valid JSON: {exc}")
     if arguments is None:
@@ -146,6 +147,30 @@ def parse_call(raw: str | bytes | Mapping[str, Any] | ToolCall) -> ToolCall | Ve
             f"arguments must be an object, got {type(arguments).__name__}",
         )
     return ToolCall(name=name, arguments=arguments)
+
+
+def _finite(call: ToolCall) -> ToolCall | Verdict:
+    """The call, or a parse failure where its arguments hold a number JSON cannot carry (NaN, an infinity)."""
+    where = _non_finite(call.arguments, ("arguments",))
+    if where is None:
+        return call
+    return parse_failure("invalid_json", pointer(*where), "NaN and infinities are not JSON values")
+
+
+def _non_finite(value: Any, at: tuple[str, ...]) -> tuple[str, ...] | None:
+    if isinstance(value, float):
+        return None if math.isfinite(value) else at
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _non_finite(item, (*at, str(key)))
+        if found is not None:
+            return found
+    return None
+
+
+def _not_json(name: str) -> Any:
+    """Python's reader takes NaN and Infinity; JSON (RFC 8259), and so a strict MCP server, does not."""
+    raise ValueError(f"{name} is not a JSON value")
 
 
 _KINDS = {
