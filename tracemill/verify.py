@@ -117,7 +117,7 @@ def parse_call(raw: str | bytes | Mapping[str, Any] | ToolCall) -> ToolCall | Ve
         return _finite(raw)
     if isinstance(raw, (str, bytes)):
         try:
-            raw = json.loads(raw, parse_constant=_not_json)
+            raw = _strict_json(raw)
         except (ValueError, RecursionError) as exc:
             return parse_failure("invalid_json", "", f"not valid JSON: {exc}")
     if isinstance(raw, list):
@@ -136,7 +136,7 @@ def parse_call(raw: str | bytes | Mapping[str, Any] | ToolCall) -> ToolCall | Ve
     arguments = body["arguments"]
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments, parse_constant=_not_json) if arguments.strip() else {}
+            arguments = _strict_json(arguments) if arguments.strip() else {}
         except (ValueError, RecursionError) as exc:
             return parse_failure("invalid_json", pointer(*base, "arguments"), f"arguments are not valid JSON: {exc}")
     if arguments is None:
@@ -169,8 +169,17 @@ def _non_finite(value: Any, at: tuple[str, ...]) -> tuple[str, ...] | None:
 
 
 def _not_json(name: str) -> Any:
-    """Python's reader takes NaN and Infinity; JSON (RFC 8259), and so a strict MCP server, does not."""
     raise ValueError(f"{name} is not a JSON value")
+
+
+_STRICT = json.JSONDecoder(parse_constant=_not_json)  # made once: `json.loads` with an option makes one each call
+
+
+def _strict_json(text: str | bytes) -> Any:
+    """JSON as RFC 8259 has it: Python's reader takes NaN and Infinity, a strict MCP server does not."""
+    if isinstance(text, bytes):
+        text = text.decode(json.detect_encoding(text), "surrogatepass")
+    return _STRICT.decode(text)
 
 
 _KINDS = {
