@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import enum
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -151,20 +150,30 @@ def parse_call(raw: str | bytes | Mapping[str, Any] | ToolCall) -> ToolCall | Ve
 
 def _finite(call: ToolCall) -> ToolCall | Verdict:
     """The call, or a parse failure where its arguments hold a number JSON cannot carry (NaN, an infinity)."""
-    where = _non_finite(call.arguments, ("arguments",))
+    try:
+        if b"null" not in orjson.dumps(call.arguments):  # orjson writes NaN and infinities as null: none here
+            return call
+    except TypeError:  # a value or key JSON has no type for: walked like the rest
+        pass
+    where = _non_finite(call.arguments)
     if where is None:
         return call
-    return parse_failure("invalid_json", pointer(*where), "NaN and infinities are not JSON values")
+    return parse_failure("invalid_json", pointer("arguments", *reversed(where)),
+                         "NaN and infinities are not JSON values")
 
 
-def _non_finite(value: Any, at: tuple[str, ...]) -> tuple[str, ...] | None:
-    if isinstance(value, float):
-        return None if math.isfinite(value) else at
+def _non_finite(value: Any) -> list[str] | None:
+    """The path to a NaN or infinity in `value`, innermost key first; None where there is none."""
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     for key, item in items:
-        found = _non_finite(item, (*at, str(key)))
-        if found is not None:
-            return found
+        if isinstance(item, float):
+            if item - item != 0.0:  # NaN for NaN and the infinities, 0.0 for every other float
+                return [str(key)]
+        elif isinstance(item, (dict, list)):
+            found = _non_finite(item)
+            if found is not None:
+                found.append(str(key))
+                return found
     return None
 
 
