@@ -7,9 +7,9 @@ toolset ids, what earlier batches stored, the inserts)."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Dialect, bindparam, or_, select, update
 
@@ -34,6 +34,8 @@ from tracemill.store.queries import trace_spans
 from tracemill.store.tables import LogEventRow, PayloadRow, SpanRow, ToolCallRow, ToolExecutionRow, ToolsetRow, utcnow
 from tracemill.tools import Tool, tool_index, toolset_hash
 from tracemill.verify import verify
+
+T = TypeVar("T")
 
 _SPANS = SpanRow.__table__
 _TOOLSETS = ToolsetRow.__table__
@@ -428,7 +430,7 @@ def _link_executions(conn: Connection, calls: list[dict[str, Any]], in_batch: di
     for row in calls:
         key = (row["trace_id"], row["tool_call_id"])
         if row["tool_call_id"] and same_call.numbered(row["tool_call_id"]):
-            hit = _ran(row, in_batch.get(key, ()), linked)
+            hit = _ran(row, [e for e in in_batch.get(key, ()) if id(e) not in linked])
             if hit is not None:
                 linked.add(id(hit))
         else:
@@ -465,7 +467,8 @@ def _link_executions(conn: Connection, calls: list[dict[str, Any]], in_batch: di
         for row in missing:
             key = (row["trace_id"], row["tool_call_id"])
             if key in stored_numbered:
-                ran = _ran(row, (e for e in stored_numbered[key] if e["span_id"] not in taken), linked)
+                free = [e for e in stored_numbered[key] if e["span_id"] not in taken and id(e) not in linked]
+                ran = _ran(row, free)
                 if ran is not None:
                     linked.add(id(ran))
                     _set_execution(row, ran["span_id"], ran["ok"], ran["error"], ran["result"])
@@ -485,10 +488,18 @@ def _last(executions: list[dict[str, Any]] | None) -> dict[str, Any] | None:
     return executions[-1] if executions else None
 
 
-def _ran(row: dict[str, Any], executions: Iterable[dict[str, Any]], taken: set[Any]) -> dict[str, Any] | None:
-    """The first execution not taken yet of a numbered call id that ran the row's tool with its arguments (where it
-    says which)."""
-    return next((e for e in executions if id(e) not in taken and same_call.ran(e, row["name"], row["arguments"])), None)
+def _ran(row: dict[str, Any], executions: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Of the executions not taken yet with the row's numbered call id, the one that ran it: the only one, else the
+    first that ran its tool with its arguments (where it says which)."""
+    return _only_or_first(executions, lambda e: same_call.ran(e, row["name"], row["arguments"]))
+
+
+def _only_or_first(candidates: list[T], fits: Callable[[T], bool]) -> T | None:
+    """The only candidate (a numbered id used once in its trace: one call, whatever an execution records of it), else
+    the first that fits."""
+    if len(candidates) == 1:
+        return candidates[0]
+    return next((c for c in candidates if fits(c)), None)
 
 
 def _linked_spans(conn: Connection, traces: set[str]) -> set[str]:
@@ -509,8 +520,8 @@ def _same_content(row: dict[str, Any], executions: list[dict[str, Any]], taken: 
 
 
 def _link_stored_by_content(conn: Connection, executions: list[dict[str, Any]]) -> None:
-    """Executions without a call id, or with a numbered one, linked to a stored call of their trace (the first made,
-    of those that could be it) with the same tool and arguments (`same_call.ran`, for a numbered id)."""
+    """Executions without a call id, linked to a stored call of their trace (the first made) with the same tool and
+    arguments; with a numbered one, to the call of that id (`_only_or_first`)."""
     stored = conn.execute(
         select(_CALLS.c.id, _CALLS.c.trace_id, _CALLS.c.tool_call_id, _CALLS.c.name, _CALLS.c.arguments)
         .where(_CALLS.c.trace_id.in_({e["trace_id"] for e in executions}), _CALLS.c.execution_status.is_(None),
@@ -521,15 +532,17 @@ def _link_stored_by_content(conn: Connection, executions: list[dict[str, Any]]) 
     taken: set[int] = set()
     updates = []
     for execution in executions:
-        for call in stored:
-            if call.id not in taken and call.trace_id == execution["trace_id"] and (
-                    same_call.ran(execution, call.name, call.arguments)
-                    if execution["tool_call_id"] else call.name == execution["tool_name"]
-                    and same_call.same_arguments(execution["arguments"], call.arguments)):
-                taken.add(call.id)
-                updates.append({"i": call.id, "s": "success" if execution["ok"] else "error", "e": execution["error"],
-                                "r": execution["result"], "x": execution["span_id"]})
-                break
+        free = [c for c in stored if c.id not in taken and c.trace_id == execution["trace_id"]]
+        if execution["tool_call_id"]:
+            call = _only_or_first([c for c in free if c.tool_call_id == execution["tool_call_id"]],
+                                  lambda c, e=execution: same_call.ran(e, c.name, c.arguments))
+        else:
+            call = next((c for c in free if c.name == execution["tool_name"]
+                         and same_call.same_arguments(execution["arguments"], c.arguments)), None)
+        if call is not None:
+            taken.add(call.id)
+            updates.append({"i": call.id, "s": "success" if execution["ok"] else "error", "e": execution["error"],
+                            "r": execution["result"], "x": execution["span_id"]})
     if updates:
         conn.execute(update(_CALLS).where(_CALLS.c.id == bindparam("i"))
                      .values(execution_status=bindparam("s"), execution_error=bindparam("e"),

@@ -6,7 +6,8 @@ and it does not: the model, the tools offered (and so the verdict against them),
 Within a trace an id long enough to be drawn at random (`UNIQUE_ID_CHARS`: OpenAI's, vLLM's, Anthropic's, Mistral's
 9 characters) is one call. Servers that number their calls (`0`, `call_0`: `numbered`) repeat ids across requests,
 and so across the turns of one conversation: within a trace such an id is one call only with the same content (name
-and arguments), and its executions go to the call with their id whose tool and arguments they ran. Across traces an
+and arguments), and an execution goes to the call of its id, or where several share it, to the one whose tool and
+arguments it ran. Across traces an
 id is one call only when its content is the same too, and only a drawn id counts. Those twins are found in the same
 request, among the calls this writer stored recently (`RecentCalls`), and for the rest in the store, whichever ingest
 process wrote them (`stored_twins`: one indexed query a batch).
@@ -179,7 +180,8 @@ class RecentCalls(OrderedDict[tuple[Any, ...], tuple[str, str, int]]):
 
 
 def ran(execution: Mapping[str, Any], name: str | None, arguments: dict[str, Any] | None) -> bool:
-    """Whether an execution with a numbered id ran this call of its id: the same tool and arguments, where it says."""
+    """Whether an execution with a numbered id ran this call of its id, of several: the same tool and arguments, where
+    it says."""
     return (execution["tool_name"] in (None, name)
             and (execution["arguments"] is None or arguments is None
                  or same_arguments(execution["arguments"], arguments)))
