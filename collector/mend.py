@@ -38,6 +38,7 @@ def _mended(data: bytes, descriptor: Descriptor, where: str, notes: list[str]) -
     while at < len(data):
         start = at
         tag, at = _varint(data, at)
+        tag_end = at
         number, wire = tag >> 3, tag & 7
         if wire == 0:
             _, at = _varint(data, at)
@@ -53,7 +54,7 @@ def _mended(data: bytes, descriptor: Descriptor, where: str, notes: list[str]) -
                     place += f"[{seen[number]}]"
                     seen[number] += 1
                 value = _mended_value(data[value_at:at], field, place, notes)
-                out += data[start:value_at - len(_encoded_varint(size))] + _encoded_varint(len(value)) + value
+                out += data[start:tag_end] + _encoded_varint(len(value)) + value
                 continue
         else:
             raise Unmendable(f"wire type {wire} at byte {start}")
