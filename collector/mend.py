@@ -9,12 +9,13 @@ which the answer's partial success carries as a warning. Only bodies the strict 
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from typing import Any
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
+
+from tracemill.verify import strict_json
 
 _NOTE = "not valid UTF-8: stored with U+FFFD in place of what could not be"
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -100,15 +101,11 @@ def mend_json(body: bytes) -> tuple[Any, list[str]]:
     """`body` decoded with each string holding a lone surrogate (an escape, or a byte that is not UTF-8) given U+FFFD
     in its place, and a note for each. Raises Unmendable where it is not JSON either way."""
     try:
-        decoded = json.loads(body.decode("utf-8", "surrogateescape"), parse_constant=_no_constant)
+        decoded = strict_json(body.decode("utf-8", "surrogateescape"))
     except (ValueError, RecursionError) as exc:
         raise Unmendable(str(exc)) from exc
     notes: list[str] = []
     return _mended_json(decoded, "", notes), notes
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 def _mended_json(value: Any, where: str, notes: list[str]) -> Any:

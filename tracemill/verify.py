@@ -116,7 +116,7 @@ def parse_call(raw: str | bytes | Mapping[str, Any] | ToolCall) -> ToolCall | Ve
         return _finite(raw)
     if isinstance(raw, (str, bytes)):
         try:
-            raw = _strict_json(raw)
+            raw = strict_json(raw)
         except (ValueError, RecursionError) as exc:
             return parse_failure("invalid_json", "", f"not valid JSON: {exc}")
     if isinstance(raw, list):
@@ -135,7 +135,7 @@ def parse_call(raw: str | bytes | Mapping[str, Any] | ToolCall) -> ToolCall | Ve
     arguments = body["arguments"]
     if isinstance(arguments, str):
         try:
-            arguments = _strict_json(arguments) if arguments.strip() else {}
+            arguments = strict_json(arguments) if arguments.strip() else {}
         except (ValueError, RecursionError) as exc:
             return parse_failure("invalid_json", pointer(*base, "arguments"), f"arguments are not valid JSON: {exc}")
     if arguments is None:
@@ -184,7 +184,7 @@ def _not_json(name: str) -> Any:
 _STRICT = json.JSONDecoder(parse_constant=_not_json)  # made once: `json.loads` with an option makes one each call
 
 
-def _strict_json(text: str | bytes) -> Any:
+def strict_json(text: str | bytes) -> Any:
     """JSON as RFC 8259 has it: Python's reader takes NaN and Infinity, a strict MCP server does not."""
     if isinstance(text, bytes):
         text = text.decode(json.detect_encoding(text), "surrogatepass")
