@@ -25,7 +25,7 @@ from tracemill.cycle.gate import BASELINE, CANDIDATE, GateResult, judge
 from tracemill.cycle.lock import LockBusy, StoreLock
 from tracemill.cycle.record import CycleRecord, Status, Step
 from tracemill.cycle.settings import CycleSettings
-from tracemill.store.queries import CallFilter, committed_call_id
+from tracemill.store.queries import CallFilter, committed_ids
 from tracemill.store.tables import ModelRow
 
 LOCK = "cycle"
@@ -99,7 +99,7 @@ class _Cycle:
         s = self.settings
         with self.engine.connect() as conn:
             since = record.last_trained_call(conn)
-        newest = committed_call_id(self.engine)
+        newest = committed_ids(self.engine).call_id
         upto = newest if since is None or (newest or 0) > since else None
         self.enter(Step.MINE, f"calls after id {since or 0}" + (f" up to {upto}" if upto else ": none new"),
                    since_call_id=since)

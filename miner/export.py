@@ -45,7 +45,7 @@ from tracemill.miner.part import (
     run_part,
 )
 from tracemill.reviser_prompt import PromptSettings
-from tracemill.store.queries import CallFilter, committed_call_id
+from tracemill.store.queries import CallFilter, Committed, committed_ids, first_failed_late
 from tracemill.store.sqlite_writer import WriteLock, database_path
 from tracemill.store.tables import DatasetRow, ToolCallRow, utcnow
 
@@ -59,7 +59,7 @@ class ExportError(ValueError):
 @dataclass(frozen=True, slots=True)
 class MineOptions:
     where: CallFilter = CallFilter()
-    since_last: bool = False  # only calls stored after the newest call the previous export read
+    since_last: bool = False  # only what is new since the previous export read (`previous_read`)
     eval_after: datetime | None = None  # eval: the traces whose first call was made at or after this; else a hash
     eval_share: float = 0.1
     valid_share: float = 0.2  # of the rows: valid calls, labelled as such
@@ -110,23 +110,41 @@ def _valid_rate(engine: Engine, where: CallFilter, share: float) -> float:
     return min(1.0, share / (1 - share) * failed / valid)
 
 
-_WINDOW = ("since", "until", "after_id", "up_to_id")  # where an export starts and ends, not what it selects
+# where an export starts and ends, not what it selects
+_WINDOW = ("since", "until", "after_id", "up_to_id", "since_call_id", "since_execution_id")
 
 
 def _selection(filters: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in filters.items() if k not in (*_WINDOW, "since_last") and v is not None}
 
 
-def previous_call_id(engine: Engine, where: CallFilter = CallFilter()) -> int | None:
-    """The newest call the last export of the same selection (model, harness version, domain, tool, ...) read: where
-    `--since last` starts. An export of other calls read past calls this one has not exported. None when there was
-    none."""
+def previous_read(engine: Engine, where: CallFilter = CallFilter()) -> Committed | None:
+    """The newest call and execution the last export of the same selection (model, harness version, domain, tool, ...)
+    read: where `--since last` starts. An export of other calls read past calls this one has not exported. None when
+    there was none."""
     wanted = _selection(where.to_dict())
     with engine.connect() as conn:
-        for row in conn.execute(select(DatasetRow.filters, DatasetRow.last_call_id).order_by(DatasetRow.id.desc())):
+        for row in conn.execute(select(DatasetRow.filters, DatasetRow.last_call_id, DatasetRow.card)
+                                .order_by(DatasetRow.id.desc())):
             if _selection(row.filters or {}) == wanted:
-                return row.last_call_id
+                return Committed(row.last_call_id, (row.card or {}).get("last_execution_id"))
     return None
+
+
+def _since(engine: Engine, where: CallFilter, previous: Committed) -> CallFilter:
+    """`where` narrowed to what is new since `previous` was read: the calls after its newest, and the earlier calls
+    whose execution came after it and failed (`queries.failed_late`; such a call was valid when it was read), read
+    from the first of those."""
+    if previous.call_id is None:
+        return where
+    start = previous.call_id
+    if previous.execution_id is not None:
+        with engine.connect() as conn:
+            late = first_failed_late(conn, where, previous.call_id, previous.execution_id)
+        if late is not None:
+            start = late - 1
+    return replace(where, since_call_id=previous.call_id, since_execution_id=previous.execution_id,
+                   after_id=max(start, where.after_id or 0))
 
 
 def mine(engine: Engine, out: Path, options: MineOptions = MineOptions(),
@@ -135,10 +153,11 @@ def mine(engine: Engine, out: Path, options: MineOptions = MineOptions(),
     out = out.resolve()
     check_out(out)
     where = options.where
-    since_id = previous_call_id(engine, where) if options.since_last else None
-    if since_id is not None:
-        where = replace(where, after_id=max(since_id, where.after_id or 0))
-    upto = committed_call_id(engine)  # read no further than what is committed: the next `--since last` starts here
+    previous = previous_read(engine, where) if options.since_last else None
+    if previous is not None:
+        where = _since(engine, where, previous)
+    committed = committed_ids(engine)  # read no further than what is committed: the next `--since last` starts here
+    upto = committed.call_id
     if upto is not None:
         where = replace(where, up_to_id=min(upto, where.up_to_id or upto))
     valid_rate = _valid_rate(engine, where, options.valid_share)
@@ -149,7 +168,9 @@ def mine(engine: Engine, out: Path, options: MineOptions = MineOptions(),
         card = _write(engine, work, where, options, valid_rate, progress)
         card["name"] = out.name
         card["filters"] = {**where.to_dict(), "since_last": options.since_last}
-        card["last_call_id"] = max((i for i in (upto, since_id) if i is not None), default=None)
+        card["last_call_id"] = max((i for i in (upto, previous and previous.call_id) if i is not None), default=None)
+        # 0 where no execution is stored yet (None: an export made before executions were followed)
+        card["last_execution_id"] = max(committed.execution_id or 0, previous and previous.execution_id or 0)
         (work / "dataset.json").write_bytes(orjson.dumps(card, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
         _replace(work, out)
     except BaseException:

@@ -275,6 +275,35 @@ def test_since_last_misses_no_call_whose_transaction_commits_after_a_newer_one(s
     assert second["last_call_id"] == first["last_call_id"] >= held
 
 
+def test_since_last_exports_a_call_read_as_valid_whose_execution_failed_after_the_export(
+        start_collector, db_url: str, tmp_path: Path) -> None:
+    """The agent's call (valid as sent) is stored and exported before its tool's execute_tool span arrives: no row
+    (valid calls are not sampled here). The execution then fails: the next `--since last` exports the call as failed,
+    though no call is newer, and the one after that does not export it again."""
+    collector = start_collector(db_url)
+
+    def send(*spans) -> None:  # type: ignore[no-untyped-def]
+        assert httpx.post(f"{collector.url}/v1/traces", content=export_request(list(spans)),
+                          headers={"Content-Type": "application/x-protobuf"}).status_code == 200
+
+    ran = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "get_weather", "gen_ai.tool.call.id": "w1",
+           "error.type": "upstream_error"}
+    send(make_span("a1" * 16, "cd" * 8, "chat", chat_attributes([{"id": "w1", "name": "get_weather",
+                                                                  "arguments": {"city": "Oslo"}}])),
+         make_span("b2" * 16, "cd" * 8, "chat", chat_attributes([{"id": "w2", "name": "get_weather",
+                                                                  "arguments": {"city": 7}}])))  # a string
+    first = _mine(db_url, tmp_path / "one", "--valid-share", "0", "--eval-share", "0")
+    assert [r["trace_id"] for r in _rows(tmp_path / "one")] == ["b2" * 16]
+    send(make_span("a1" * 16, "ef" * 8, "execute_tool get_weather", ran, parent="cd" * 8, status_code=2))
+    second = _mine(db_url, tmp_path / "two", "--valid-share", "0", "--eval-share", "0", "--since", "last",
+                   "--workers", "2")
+    [row] = _rows(tmp_path / "two")
+    assert (row["trace_id"], row["valid"], row["failure_class"]) == ("a1" * 16, False, "execution:upstream_error")
+    assert second["last_call_id"] == first["last_call_id"] and second["last_execution_id"] > 0
+    third = _mine(db_url, tmp_path / "three", "--valid-share", "0", "--eval-share", "0", "--since", "last")
+    assert _rows(tmp_path / "three") == [] and third["last_execution_id"] == second["last_execution_id"]
+
+
 def test_a_call_whose_conversation_runs_to_megabytes_is_exported(start_collector, sqlite_url: str,
                                                                    tmp_path: Path) -> None:
     import pyarrow.parquet as pq

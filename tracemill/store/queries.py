@@ -1,6 +1,6 @@
 """The store's read side: tool calls by filter (streamed in batches), a trace's spans with their payloads back in place,
 the tools a call was offered. `tracemill stats`, the miner, the UI and the collector's look-backs read through here;
-nothing here writes (`committed_call_id` takes a lock, for a moment, to read)."""
+nothing here writes (`committed_ids` takes a lock, for a moment, to read)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,31 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 import orjson
-from sqlalchemy import ColumnElement, Connection, Engine, Select, String, and_, bindparam, func, null, or_, select, text
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Engine,
+    Select,
+    String,
+    and_,
+    bindparam,
+    exists,
+    func,
+    null,
+    or_,
+    select,
+    text,
+)
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import aliased
 
 from tracemill.spans import SpanRecord
 from tracemill.store.payloads import resolve_all
-from tracemill.store.tables import LogEventRow, SpanRow, ToolCallRow, ToolsetRow
+from tracemill.store.tables import LogEventRow, SpanRow, ToolCallRow, ToolExecutionRow, ToolsetRow
 from tracemill.tools import Tool, normalize_tools
 
 C = ToolCallRow
+E = ToolExecutionRow
 
 
 class FilterError(ValueError):
@@ -32,7 +48,11 @@ class CallFilter:
     since: datetime | None = None  # stored at or after
     until: datetime | None = None  # stored before
     after_id: int | None = None  # tool_calls.id greater than this (what is new since an earlier read)
-    up_to_id: int | None = None  # tool_calls.id at most this (`committed_call_id`: a read that misses no call)
+    up_to_id: int | None = None  # tool_calls.id at most this (`committed_ids`: a read that misses no call)
+    # what is new since an earlier read that ended at these ids (`committed_ids`): the calls after `since_call_id`,
+    # and the earlier ones, valid as sent, whose execution was stored after `since_execution_id` and failed
+    since_call_id: int | None = None
+    since_execution_id: int | None = None
     model: str | None = None
     harness_version: str | None = None
     domain: str | None = None
@@ -51,6 +71,8 @@ class CallFilter:
                                  (self.trace_id, lambda v: C.trace_id == v)):
             if value is not None:
                 found.append(condition(value))
+        if self.since_call_id is not None:
+            found.append(_new_since(self.since_call_id, self.since_execution_id))
         if self.failed is not None:
             ran_well = or_(C.execution_status.is_(None), C.execution_status != "error")  # NULL-safe, unlike NOT
             found.append(or_(C.stage.is_not(None), ~ran_well) if self.failed else and_(C.stage.is_(None), ran_well))
@@ -68,6 +90,32 @@ class CallFilter:
 
 
 STAGES = ("parse", "tool_name", "schema", "execution", "ok")
+
+
+def _failed(execution: Any) -> ColumnElement[bool]:
+    """A call valid as sent whose execution failed, that execution stored as `execution` (a ToolExecutionRow alias)."""
+    return and_(C.stage.is_(None), C.execution_status == "error", execution.trace_id == C.trace_id,
+                execution.span_id == C.execution_span_id)
+
+
+def failed_late(since_execution_id: int) -> ColumnElement[bool]:
+    """A call valid as sent whose execution, stored after that execution id, failed: a call an earlier read took as
+    valid (its execution had not arrived)."""
+    ran = aliased(E)
+    return exists().where(_failed(ran), ran.id > since_execution_id).correlate(C)
+
+
+def first_failed_late(conn: Connection, f: CallFilter, up_to_id: int, since_execution_id: int) -> int | None:
+    """The oldest call `f` selects, up to `up_to_id`, that `failed_late` since that execution (found from the
+    executions stored since, not by reading the older calls)."""
+    ran = aliased(E)
+    statement = f.apply(select(func.min(C.id)).select_from(ran).join(C, _failed(ran)))
+    return conn.execute(statement.where(ran.id > since_execution_id, C.id <= up_to_id)).scalar()
+
+
+def _new_since(since_call_id: int, since_execution_id: int | None) -> ColumnElement[bool]:
+    newer = C.id > since_call_id
+    return newer if since_execution_id is None else or_(newer, failed_late(since_execution_id))
 
 
 def _stage_condition(stage: str) -> ColumnElement[bool]:
@@ -251,24 +299,33 @@ class StoreBusyError(RuntimeError):
     """The store's writes in progress did not finish in time for a consistent read; the message says so."""
 
 
-def committed_call_id(engine: Engine, wait_seconds: float = 30.0) -> int | None:
+class Committed(NamedTuple):
+    """The newest ids such that every row up to them is committed (None: no row yet)."""
+
+    call_id: int | None
+    execution_id: int | None
+
+
+def committed_ids(engine: Engine, wait_seconds: float = 30.0) -> Committed:
     """The newest tool_calls.id such that every call with an id up to it is committed: a read of `id <= it` now, and
-    of `id > it` later, together miss no call. None when there is no call.
+    of `id > it` later, together miss no call; and the newest tool_executions.id then, past which a later read finds
+    the executions linked to calls since (`CallFilter.since_execution_id`).
 
     On SQLite writes take turns, so ids follow commit order and the newest id is the answer. On PostgreSQL ids are
     drawn when a row is inserted, before its transaction commits: a read can see id 101 while 100 is still to come. A
-    SHARE lock on tool_calls waits for the inserts in progress (INSERT's ROW EXCLUSIVE lock conflicts with it) and
-    holds new ones back for the moment the newest id is read; every insert after it draws a higher id."""
+    SHARE lock on both tables waits for the inserts in progress (INSERT's ROW EXCLUSIVE lock conflicts with it) and
+    holds new ones back for the moment the newest ids are read; every insert after it draws a higher id."""
     with engine.begin() as conn:
         if conn.dialect.name == "postgresql":
             conn.execute(text(f"SET LOCAL lock_timeout = '{int(wait_seconds * 1000)}ms'"))
             try:
-                conn.execute(text(f"LOCK TABLE {C.__tablename__} IN SHARE MODE"))
+                conn.execute(text(f"LOCK TABLE {C.__tablename__}, {E.__tablename__} IN SHARE MODE"))
             except OperationalError as exc:
-                raise StoreBusyError(f"the store's writes to {C.__tablename__} did not finish within "
-                                     f"{wait_seconds:g} s (a transaction holds them open); try again") from exc
-        newest = conn.execute(select(func.max(C.id))).scalar()
-    return int(newest) if newest is not None else None
+                raise StoreBusyError(f"the store's writes to {C.__tablename__} and {E.__tablename__} did not finish "
+                                     f"within {wait_seconds:g} s (a transaction holds them open); try again") from exc
+        calls, executions = conn.execute(select(select(func.max(C.id)).scalar_subquery(),
+                                                select(func.max(E.id)).scalar_subquery())).one()
+    return Committed(calls, executions)
 
 
 def count_calls(conn: Connection, f: CallFilter = CallFilter()) -> int:
