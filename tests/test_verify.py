@@ -122,18 +122,23 @@ def test_parse_failures_are_named(raw: str, kind: str) -> None:
     assert verdict.stage is Stage.PARSE and verdict.violations[0].kind == kind
 
 
-def test_nan_and_infinity_are_not_json_however_the_call_comes() -> None:
+def test_nan_infinity_and_numbers_past_a_double_are_not_json_however_the_call_comes() -> None:
     """Python's reader takes them; JSON, and an MCP server that reads it strictly, does not."""
     name = "Unit Converter:convert_energy"
     verdicts = [verify(f'{{"name": "{name}", "arguments": {{"value": NaN, "from_unit": "erg", "to_unit": "joule"}}}}',
                        TOOLS),
                 verify({"name": name, "arguments": '{"value": -Infinity, "from_unit": "erg", "to_unit": "joule"}'},
                        TOOLS),
-                verify(ToolCall(name, {"value": float("nan"), "from_unit": "erg", "to_unit": "joule"}), TOOLS)]
+                verify(ToolCall(name, {"value": float("nan"), "from_unit": "erg", "to_unit": "joule"}), TOOLS),
+                verify(f'{{"name": "{name}", "arguments": {{"value": 1e999, "from_unit": "erg", "to_unit": "joule"}}}}',
+                       TOOLS)]
     assert [(v.ok, v.stage, v.violations[0].kind, v.violations[0].pointer) for v in verdicts] == [
         (False, Stage.PARSE, "invalid_json", ""), (False, Stage.PARSE, "invalid_json", "/arguments"),
-        (False, Stage.PARSE, "invalid_json", "/arguments/value")]
+        (False, Stage.PARSE, "invalid_json", "/arguments/value"), (False, Stage.PARSE, "invalid_json", "")]
     assert "NaN is not a JSON value" in verdicts[0].violations[0].message
+    assert "1e999 is out of a number's range" in verdicts[3].violations[0].message
+    assert verify(f'{{"name": "{name}", "arguments": {{"value": 1.5e300, "from_unit": "erg", "to_unit": "joule"}}}}',
+                  TOOLS).ok
 
 
 def test_openai_tool_call_with_string_arguments() -> None:

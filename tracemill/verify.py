@@ -181,11 +181,20 @@ def _not_json(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
 
 
-_STRICT = json.JSONDecoder(parse_constant=_not_json)  # made once: `json.loads` with an option makes one each call
+def _finite_number(text: str) -> float:
+    number = float(text)
+    if number - number != 0.0:  # 1e999: JSON's grammar, no double's range (read as infinity, written back as null)
+        raise ValueError(f"{text} is out of a number's range")
+    return number
+
+
+# made once: `json.loads` with an option makes one each call
+_STRICT = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite_number)
 
 
 def strict_json(text: str | bytes) -> Any:
-    """JSON as RFC 8259 has it: Python's reader takes NaN and Infinity, a strict MCP server does not."""
+    """JSON as RFC 8259 has it: Python's reader takes NaN and Infinity, a strict MCP server does not; a number past a
+    double's range (1e999) is refused too, not read as infinity."""
     if isinstance(text, bytes):
         text = text.decode(json.detect_encoding(text), "surrogatepass")
     return _STRICT.decode(text)
