@@ -423,3 +423,39 @@ def test_a_value_past_a_postgresql_limit_is_its_span_s_fault_and_a_lost_store_is
     with pytest.raises(OperationalError) as lost:
         unreachable.connect()
     assert _caused_by_data(past_limit.value) and not _caused_by_data(lost.value)
+
+
+@pytest.mark.postgres
+def test_a_span_the_store_refuses_for_its_values_is_rejected_alone_and_the_rest_of_its_request_is_stored(
+        postgres_url: str, start_collector) -> None:  # type: ignore[no-untyped-def]
+    """A rule of the store's that no check of the collector's knows (a DBA's trigger, here, refusing one span name as
+    PostgreSQL refuses a bad value: SQLSTATE class 22, a DataError) fails the transaction of the whole request. The
+    collector halves the batch until it finds the span at fault: that span alone is rejected, by name, and the seven
+    others are stored, with their tool calls. A store error that is not a value's (class 53) keeps the request
+    whole: 503, nothing stored, worth a retry."""
+    engine = make_engine(postgres_url)
+    collector = start_collector(postgres_url)  # the schema is in place once it answers
+    with engine.begin() as conn:
+        conn.exec_driver_sql("""
+            CREATE FUNCTION refuse() RETURNS trigger AS $$ BEGIN
+                IF NEW.name = 'poison' THEN RAISE EXCEPTION 'refused by rule' USING ERRCODE = '22000'; END IF;
+                IF NEW.name = 'store down' THEN RAISE EXCEPTION 'out of room' USING ERRCODE = '53100'; END IF;
+                RETURN NEW; END $$ LANGUAGE plpgsql""")
+        conn.exec_driver_sql("CREATE TRIGGER refuse BEFORE INSERT ON spans FOR EACH ROW EXECUTE FUNCTION refuse()")
+    spans = [make_span(f"{n + 1:032x}", f"{n + 1:016x}", "poison" if n == 5 else "chat",
+                       chat_attributes([{"id": f"c{n}", "name": "get_weather", "arguments": {"city": f"Oslo {n}"}}]))
+             for n in range(8)]
+    response = httpx.post(f"{collector.url}/v1/traces", content=export_request(spans), headers=PROTOBUF)
+    assert response.status_code == 200
+    partial = partial_success(response.content, PROTOBUF["Content-Type"])
+    assert partial.rejected_spans == 1 and "scopeSpans[0].spans[5]: the store cannot keep" in partial.error_message
+    assert counts(postgres_url) == (7, 7)
+    with engine.connect() as conn:
+        stored = set(conn.execute(text("select span_id from spans")).scalars())
+    assert stored == {f"{n + 1:016x}" for n in range(8) if n != 5}
+
+    down = [make_span("ff" * 16, f"{n + 1:016x}", "store down" if n == 0 else "chat", chat_attributes([]))
+            for n in range(4)]
+    assert httpx.post(f"{collector.url}/v1/traces", content=export_request(down), headers=PROTOBUF).status_code == 503
+    assert counts(postgres_url) == (7, 7)
+    engine.dispose()
