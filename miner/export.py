@@ -168,9 +168,10 @@ def mine(engine: Engine, out: Path, options: MineOptions = MineOptions(),
         card = _write(engine, work, where, options, valid_rate, progress)
         card["name"] = out.name
         card["filters"] = {**where.to_dict(), "since_last": options.since_last}
-        card["last_call_id"] = max((i for i in (upto, previous and previous.call_id) if i is not None), default=None)
+        before = previous or Committed(None, None)
+        card["last_call_id"] = max((i for i in (upto, before.call_id) if i is not None), default=None)
         # 0 where no execution is stored yet (None: an export made before executions were followed)
-        card["last_execution_id"] = max(committed.execution_id or 0, previous and previous.execution_id or 0)
+        card["last_execution_id"] = max(committed.execution_id or 0, before.execution_id or 0)
         (work / "dataset.json").write_bytes(orjson.dumps(card, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
         _replace(work, out)
     except BaseException:
