@@ -10,7 +10,8 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, insert, select, update
 
-from tracemill.store.tables import CycleRow, utcnow
+from tracemill.store.queries import Committed
+from tracemill.store.tables import CycleRow, DatasetRow, utcnow
 
 T = CycleRow.__table__
 
@@ -110,11 +111,15 @@ def finished(status: Status, **values: Any) -> dict[str, Any]:
     return {"status": status, "finished_at": utcnow(), **values}
 
 
-def last_trained_call(conn: Connection) -> int | None:
-    """The newest call the newest cycle that trained had read: what the next one mines after (None: from the
-    start). A cycle that decided not to train leaves its calls to the next one."""
-    return conn.execute(select(T.c.last_call_id).where(T.c.status == Status.DONE, T.c.model_id.is_not(None))
-                        .order_by(T.c.id.desc()).limit(1)).scalar()
+def last_trained_read(conn: Connection) -> Committed | None:
+    """What the newest cycle that trained had read: its newest call, and the newest execution its export saw (None
+    where the export predates it): what the next one mines after (None: from the start). A cycle that decided not to
+    train leaves its calls to the next one."""
+    row = conn.execute(select(T.c.last_call_id, DatasetRow.card)
+                       .select_from(T.outerjoin(DatasetRow, DatasetRow.id == T.c.dataset_id))
+                       .where(T.c.status == Status.DONE, T.c.model_id.is_not(None))
+                       .order_by(T.c.id.desc()).limit(1)).first()
+    return None if row is None else Committed(row.last_call_id, (row.card or {}).get("last_execution_id"))
 
 
 def abandon_running(engine: Engine) -> list[CycleRecord]:

@@ -26,7 +26,7 @@ from tracemill.cycle.lock import LockBusy, StoreLock
 from tracemill.cycle.record import CycleRecord, Status, Step
 from tracemill.cycle.settings import CycleSettings
 from tracemill.store.queries import CallFilter, committed_ids
-from tracemill.store.tables import ModelRow
+from tracemill.store.tables import ModelRow, ToolCallRow
 
 LOCK = "cycle"
 DATASET, RUN = "dataset", "run"  # in WORK/cycle-NNNN/
@@ -59,14 +59,12 @@ def _clean_up(engine: Engine, settings: CycleSettings, cycle_ids: list[int]) -> 
             shutil.rmtree(partial, ignore_errors=True)
 
 
-def _new_calls(engine: Engine, since: int | None, upto: int | None) -> tuple[int, int]:
-    """(calls, failed calls) with ids in (since, upto]."""
-    if upto is None:
-        return 0, 0
-    where = CallFilter(after_id=since, up_to_id=upto).conditions()
+def _new_calls(engine: Engine, where: CallFilter) -> tuple[int, int]:
+    """(calls, failed calls) `where` selects."""
     failed = CallFilter(failed=True).conditions()
     with engine.connect() as conn:
-        row = conn.execute(select(func.count(), func.count().filter(*failed)).where(*where)).one()
+        counted = select(func.count(), func.count().filter(*failed)).select_from(ToolCallRow)
+        row = conn.execute(where.apply(counted)).one()
     return int(row[0]), int(row[1])
 
 
@@ -94,24 +92,27 @@ class _Cycle:
             return record.get(conn, self.id)
 
     def run(self) -> CycleRecord:
-        from tracemill.miner.export import MineOptions, mine
+        from tracemill.miner.export import MineOptions, mine, since_read
 
         s = self.settings
         with self.engine.connect() as conn:
-            since = record.last_trained_call(conn)
-        newest = committed_ids(self.engine).call_id
-        upto = newest if since is None or (newest or 0) > since else None
-        self.enter(Step.MINE, f"calls after id {since or 0}" + (f" up to {upto}" if upto else ": none new"),
+            previous = record.last_trained_read(conn)
+        since = previous.call_id if previous is not None else None
+        upto = committed_ids(self.engine).call_id
+        # the calls after the last trained cycle's, and its older calls whose execution failed since (read as valid)
+        where = CallFilter(up_to_id=upto)
+        if previous is not None:
+            where = since_read(self.engine, where, previous)
+        calls, failures = _new_calls(self.engine, where) if upto is not None else (0, 0)
+        self.enter(Step.MINE, f"calls after id {since or 0}" + (f" up to {upto}" if calls else ": none new"),
                    since_call_id=since)
-        if upto is None:
+        if not calls:
             return self.finish(decision=WAIT, reason="no new calls since the last cycle that trained")
-        where = CallFilter(after_id=since, up_to_id=upto)
         m = s.mining
         exported = mine(self.engine, self.folder / DATASET, MineOptions(
             where=where, eval_share=m.eval_share, valid_share=m.valid_share, seed=m.seed, prompt=m.prompt,
             workers=m.workers))
-        last = exported.card["last_call_id"] or upto
-        calls, failures = _new_calls(self.engine, since, last)
+        last = exported.card["last_call_id"]
         splits = exported.card["splits"]
         self.enter(Step.DECIDE, f"{calls} new calls, {failures} failed; mined {splits['train']['rows']} train and "
                    f"{splits['eval']['rows']} held-out rows", last_call_id=last, new_calls=calls,

@@ -131,7 +131,7 @@ def previous_read(engine: Engine, where: CallFilter = CallFilter()) -> Committed
     return None
 
 
-def _since(engine: Engine, where: CallFilter, previous: Committed) -> CallFilter:
+def since_read(engine: Engine, where: CallFilter, previous: Committed) -> CallFilter:
     """`where` narrowed to what is new since `previous` was read: the calls after its newest, and the earlier calls
     whose execution came after it and failed (`queries.failed_late`; such a call was valid when it was read), read
     from the first of those."""
@@ -155,7 +155,7 @@ def mine(engine: Engine, out: Path, options: MineOptions = MineOptions(),
     where = options.where
     previous = previous_read(engine, where) if options.since_last else None
     if previous is not None:
-        where = _since(engine, where, previous)
+        where = since_read(engine, where, previous)
     committed = committed_ids(engine)  # read no further than what is committed: the next `--since last` starts here
     upto = committed.call_id
     if upto is not None:
@@ -169,7 +169,7 @@ def mine(engine: Engine, out: Path, options: MineOptions = MineOptions(),
         card["name"] = out.name
         card["filters"] = {**where.to_dict(), "since_last": options.since_last}
         before = previous or Committed(None, None)
-        card["last_call_id"] = max((i for i in (upto, before.call_id) if i is not None), default=None)
+        card["last_call_id"] = max((i for i in (where.up_to_id, before.call_id) if i is not None), default=None)
         # 0 where no execution is stored yet (None: an export made before executions were followed)
         card["last_execution_id"] = max(committed.execution_id or 0, before.execution_id or 0)
         (work / "dataset.json").write_bytes(orjson.dumps(card, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))

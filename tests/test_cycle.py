@@ -12,6 +12,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import httpx
 import pytest
 from click.testing import CliRunner
 from sqlalchemy import insert, select
@@ -39,7 +40,7 @@ from tracemill.trainer.config import ConfigError
 from tracemill.trainer.finish import figures
 from tracemill.trainer.registry import NewModel, register_model
 
-from support import CollectorProcess
+from support import CollectorProcess, chat_attributes, export_request, make_span
 
 VERSIONS = [v.name for v in HARNESS_VERSIONS]  # prompt-v1 .. prompt-v6: four changes that pay, then a plateau
 DRIVER = Path(__file__).with_name("cycle_driver.py")
@@ -56,6 +57,32 @@ def send(db: str, folder: Path, versions, traces: int, seed: int, day: int = 0) 
                      start_ns=START_NS + (day + i) * DAY_NS)
     finally:
         collector.stop()
+
+
+def _post(db: str, folder: Path, span) -> None:  # type: ignore[no-untyped-def]
+    collector = CollectorProcess(db, folder).start()
+    try:
+        assert httpx.post(f"{collector.url}/v1/traces", content=export_request([span]),
+                          headers={"Content-Type": "application/x-protobuf"}).status_code == 200
+    finally:
+        collector.stop()
+
+
+LATE_TRACE = "1a" * 16
+
+
+def call_not_run_yet(db: str, folder: Path) -> None:
+    """A valid call whose tool's execute_tool span has not come yet."""
+    chat = chat_attributes([{"id": "late-1", "name": "get_weather", "arguments": {"city": "Oslo"}}])
+    _post(db, folder, make_span(LATE_TRACE, "1b" * 8, "chat", chat, start_ns=START_NS + 9 * DAY_NS))
+
+
+def run_failed(db: str, folder: Path) -> None:
+    """`call_not_run_yet`'s execute_tool span, come now: the tool failed."""
+    ran = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "get_weather", "gen_ai.tool.call.id": "late-1",
+           "error.type": "upstream_error"}
+    _post(db, folder, make_span(LATE_TRACE, "1c" * 8, "execute_tool get_weather", ran, parent="1b" * 8,
+                                start_ns=START_NS + 9 * DAY_NS + 1, status_code=2))
 
 
 def active(db: str) -> str:
@@ -311,13 +338,14 @@ def test_a_whole_cycle_trains_measures_and_deploys_then_refuses_a_candidate_no_b
     pytest.importorskip("trl", reason="training needs the train extra")
     db = copy_store(plateau["db"], tmp_path)
     settings = load_settings(config(tmp_path, tiny), db)
+    call_not_run_yet(db, tmp_path)
     lines: list[str] = []
     done = run_cycle(settings, lines.append)
     steps = [line.split(":")[0] for line in lines if line.split(":")[0] in {s.value for s in Step}]
     assert list(dict.fromkeys(steps)) == ["mine", "decide", "train", "evaluate", "deploy"]
     assert done.status == "done" and done.step == "done" and done.decision == "train"
     assert "harness tuning stopped paying" in done.reason and done.since_call_id is None
-    assert done.new_calls == plateau["second"].new_calls and done.dataset_id is not None
+    assert done.new_calls == plateau["second"].new_calls + 1 and done.dataset_id is not None  # + call_not_run_yet
     assert done.baseline == "rules" and done.gate["passed"] and done.deployed
     measured = done.figures["eval"]
     assert measured["cases"] > 0 and measured["candidate"]["cases"] == measured["baseline"]["cases"]
@@ -337,6 +365,18 @@ def test_a_whole_cycle_trains_measures_and_deploys_then_refuses_a_candidate_no_b
 
     again = run_cycle(settings)  # nothing came in since
     assert again.decision == "wait" and again.since_call_id == done.last_call_id and again.model_id is None
+
+    run_failed(db, tmp_path)  # the tool of a call the cycle read as valid: it failed
+    late = run_cycle(settings)
+    assert (late.since_call_id, late.new_calls, late.new_failures) == (done.last_call_id, 1, 1)
+    assert late.decision == "wait" and "fewer than 10 needed" in late.reason
+    engine = open_store(db)
+    with engine.connect() as conn:
+        path = conn.execute(select(DatasetRow.path).where(DatasetRow.id == late.dataset_id)).scalar_one()
+    engine.dispose()
+    rows = [json.loads(line) for split in ("train", "eval")
+            for line in Path(path, f"{split}.jsonl").read_text().splitlines()]
+    assert [(r["trace_id"], r["failure_class"]) for r in rows] == [(LATE_TRACE, "execution:upstream_error")]
 
     send(db, tmp_path, ["prompt-v6"], traces=20, seed=40, day=9)
     stricter = replace(settings, gate=replace(settings.gate, reference_margin=0.01), force=True,
