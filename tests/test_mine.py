@@ -25,6 +25,7 @@ from tracemill.miner.export import MineOptions, mine
 from tracemill.miner.failures import failure_modes
 from tracemill.simulate import simulate
 from tracemill.store.engine import make_engine
+from tracemill.store.queries import CallFilter
 from tracemill.store.tables import DatasetRow, ReviewRow, ToolCallRow
 from tracemill.suites import read_cases
 
@@ -302,6 +303,25 @@ def test_since_last_exports_a_call_read_as_valid_whose_execution_failed_after_th
     assert second["last_call_id"] == first["last_call_id"] and second["last_execution_id"] > 0
     third = _mine(db_url, tmp_path / "three", "--valid-share", "0", "--eval-share", "0", "--since", "last")
     assert _rows(tmp_path / "three") == [] and third["last_execution_id"] == second["last_execution_id"]
+
+
+def test_an_export_that_reads_up_to_an_id_is_followed_by_since_last_from_that_id(start_collector, sqlite_url: str,
+                                                                                   tmp_path: Path) -> None:
+    """A caller that bounds the read (the cycle passes the newest committed id it decided on) records that bound as
+    what the export read, not a newer call stored meanwhile: the next `--since last` starts there and misses none."""
+    collector = start_collector(sqlite_url)
+    spans = [make_span(f"{n + 1:032x}", "cd" * 8, "chat", chat_attributes(
+        [{"id": f"w{n}", "name": "get_weather", "arguments": {"city": n}}]), start_ns=START_NS + n) for n in range(4)]
+    assert httpx.post(f"{collector.url}/v1/traces", content=export_request(spans),
+                      headers={"Content-Type": "application/x-protobuf"}).status_code == 200
+    engine = make_engine(sqlite_url)
+    with engine.connect() as conn:
+        ids = list(conn.execute(select(ToolCallRow.id).order_by(ToolCallRow.id)).scalars())
+    first = mine(engine, tmp_path / "one", MineOptions(where=CallFilter(up_to_id=ids[1]), eval_share=0))
+    engine.dispose()
+    assert first.card["last_call_id"] == ids[1] and [r["call_id"] for r in _rows(tmp_path / "one")] == ids[:2]
+    _mine(sqlite_url, tmp_path / "two", "--since", "last", "--eval-share", "0")
+    assert [r["call_id"] for r in _rows(tmp_path / "two")] == ids[2:]
 
 
 def test_a_call_whose_conversation_runs_to_megabytes_is_exported(start_collector, sqlite_url: str,
