@@ -94,7 +94,7 @@ STAGES = ("parse", "tool_name", "schema", "execution", "ok")
 
 def _failed(execution: Any) -> ColumnElement[bool]:
     """A call valid as sent whose execution failed, that execution stored as `execution` (a ToolExecutionRow alias)."""
-    return and_(C.stage.is_(None), C.execution_status == "error", execution.trace_id == C.trace_id,
+    return and_(_stage_condition("execution"), execution.trace_id == C.trace_id,
                 execution.span_id == C.execution_span_id)
 
 
