@@ -103,7 +103,7 @@ class _Cycle:
         where = CallFilter(up_to_id=upto)
         if previous is not None:
             where = since_read(self.engine, where, previous)
-        calls, failures = _new_calls(self.engine, where) if upto is not None else (0, 0)
+        calls, failures = _new_calls(self.engine, where)
         self.enter(Step.MINE, f"calls after id {since or 0}" + (f" up to {upto}" if calls else ": none new"),
                    since_call_id=since)
         if not calls:
