@@ -7,10 +7,9 @@ Within a trace an id long enough to be drawn at random (`UNIQUE_ID_CHARS`: OpenA
 9 characters) is one call. Servers that number their calls (`0`, `call_0`: `numbered`) repeat ids across requests,
 and so across the turns of one conversation: within a trace such an id is one call only with the same content (name
 and arguments), and an execution goes to the call of its id, or where several share it, to the one whose tool and
-arguments it ran. Across traces an
-id is one call only when its content is the same too, and only a drawn id counts. Those twins are found in the same
-request, among the calls this writer stored recently (`RecentCalls`), and for the rest in the store, whichever ingest
-process wrote them (`stored_twins`: one indexed query a batch).
+arguments it ran. Across traces an id is one call only when its content is the same too, and only a drawn id counts.
+Those twins are found in the same request, among the calls this writer stored recently (`RecentCalls`), and for the
+rest in the store, whichever ingest process wrote them (`stored_twins`: one indexed query a batch).
 
 A call the model wrote as text has no id: it is one call where the response that holds it is one (its id drawn at
 random, `UNIQUE_RESPONSE_ID_CHARS`) and it is the same text at the same place in that response (`response_key`).
