@@ -61,7 +61,7 @@ def _clean_up(engine: Engine, settings: CycleSettings, cycle_ids: list[int]) -> 
 
 def _new_calls(engine: Engine, where: CallFilter) -> tuple[int, int]:
     """(calls, failed calls) `where` selects."""
-    failed = CallFilter(failed=True).conditions()
+    failed = CallFilter(failed=True, up_to_execution_id=where.up_to_execution_id).conditions()
     with engine.connect() as conn:
         counted = select(func.count(), func.count().filter(*failed)).select_from(ToolCallRow)
         row = conn.execute(where.apply(counted)).one()
@@ -92,15 +92,15 @@ class _Cycle:
             return record.get(conn, self.id)
 
     def run(self) -> CycleRecord:
-        from tracemill.miner.export import MineOptions, mine, since_read
+        from tracemill.miner.export import MineOptions, bounded, mine, since_read
 
         s = self.settings
         with self.engine.connect() as conn:
             previous = record.last_trained_read(conn)
         since = previous.call_id if previous is not None else None
-        upto = committed_ids(self.engine).call_id
+        where = bounded(CallFilter(), committed_ids(self.engine))
+        upto = where.up_to_id
         # the calls after the last trained cycle's, and its older calls whose execution failed since (read as valid)
-        where = CallFilter(up_to_id=upto)
         if previous is not None:
             where = since_read(self.engine, where, previous)
         calls, failures = _new_calls(self.engine, where)

@@ -111,7 +111,7 @@ def _valid_rate(engine: Engine, where: CallFilter, share: float) -> float:
 
 
 # where an export starts and ends, not what it selects
-_WINDOW = ("since", "until", "after_id", "up_to_id", "since_call_id", "since_execution_id")
+_WINDOW = ("since", "until", "after_id", "up_to_id", "since_call_id", "since_execution_id", "up_to_execution_id")
 
 
 def _selection(filters: Mapping[str, Any]) -> dict[str, Any]:
@@ -129,6 +129,15 @@ def previous_read(engine: Engine, where: CallFilter = CallFilter()) -> Committed
             if _selection(row.filters or {}) == wanted:
                 return Committed(row.last_call_id, (row.card or {}).get("last_execution_id"))
     return None
+
+
+def bounded(where: CallFilter, committed: Committed) -> CallFilter:
+    """`where` read no further than these ids (`queries.committed_ids`), nor than the bounds it has."""
+    calls = min((i for i in (committed.call_id, where.up_to_id) if i is not None), default=None)
+    executions = committed.execution_id or 0
+    if where.up_to_execution_id is not None:
+        executions = min(executions, where.up_to_execution_id)
+    return replace(where, up_to_id=calls, up_to_execution_id=executions)
 
 
 def since_read(engine: Engine, where: CallFilter, previous: Committed) -> CallFilter:
@@ -152,14 +161,11 @@ def mine(engine: Engine, out: Path, options: MineOptions = MineOptions(),
     """Export the calls `options` select to `out` (see the module docstring); `progress` gets the calls read."""
     out = out.resolve()
     check_out(out)
-    where = options.where
+    # read no further than what is committed (calls, and the executions counted): the next `--since last` starts here
+    where = bounded(options.where, committed_ids(engine))
     previous = previous_read(engine, where) if options.since_last else None
     if previous is not None:
         where = since_read(engine, where, previous)
-    committed = committed_ids(engine)  # read no further than what is committed: the next `--since last` starts here
-    upto = committed.call_id
-    if upto is not None:
-        where = replace(where, up_to_id=min(upto, where.up_to_id or upto))
     valid_rate = _valid_rate(engine, where, options.valid_share)
     out.parent.mkdir(parents=True, exist_ok=True)
     _clear_leftovers(out)
@@ -171,7 +177,7 @@ def mine(engine: Engine, out: Path, options: MineOptions = MineOptions(),
         before = previous or Committed(None, None)
         card["last_call_id"] = max((i for i in (where.up_to_id, before.call_id) if i is not None), default=None)
         # 0 where no execution is stored yet (None: an export made before executions were followed)
-        card["last_execution_id"] = max(committed.execution_id or 0, before.execution_id or 0)
+        card["last_execution_id"] = max(where.up_to_execution_id or 0, before.execution_id or 0)
         (work / "dataset.json").write_bytes(orjson.dumps(card, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
         _replace(work, out)
     except BaseException:

@@ -305,6 +305,40 @@ def test_since_last_exports_a_call_read_as_valid_whose_execution_failed_after_th
     assert _rows(tmp_path / "three") == [] and third["last_execution_id"] == second["last_execution_id"]
 
 
+def test_an_execution_that_fails_while_an_export_runs_puts_its_call_in_the_next_export_only(
+        start_collector, db_url: str, tmp_path: Path) -> None:
+    """An export counts the executions stored when it began: one that arrives while it reads (before it reaches the
+    call's page) leaves the call as not run yet in this export, and the next `--since last` exports it as failed;
+    read as failed by both, it would be trained on twice."""
+    collector = start_collector(db_url)
+
+    def send(*spans) -> None:  # type: ignore[no-untyped-def]
+        assert httpx.post(f"{collector.url}/v1/traces", content=export_request(list(spans)),
+                          headers={"Content-Type": "application/x-protobuf"}).status_code == 200
+
+    send(make_span("b2" * 16, "cd" * 8, "chat", chat_attributes([{"id": "w2", "name": "get_weather",
+                                                                  "arguments": {"city": 7}}])))  # a string
+    send(make_span("a1" * 16, "cd" * 8, "chat", chat_attributes([{"id": "w1", "name": "get_weather",
+                                                                  "arguments": {"city": "Oslo"}}])))
+    ran = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "get_weather", "gen_ai.tool.call.id": "w1",
+           "error.type": "upstream_error"}
+    arrived = []
+
+    def between_pages(calls: int) -> None:  # after the first page (b2's call), before the second (a1's)
+        if not arrived:
+            arrived.append(calls)
+            send(make_span("a1" * 16, "ef" * 8, "execute_tool get_weather", ran, parent="cd" * 8, status_code=2))
+
+    engine = make_engine(db_url)
+    first = mine(engine, tmp_path / "one", MineOptions(valid_share=0, eval_share=0, batch=1), between_pages)
+    engine.dispose()
+    assert arrived == [1] and first.card["last_execution_id"] == 0
+    assert [r["trace_id"] for r in _rows(tmp_path / "one")] == ["b2" * 16]
+    _mine(db_url, tmp_path / "two", "--valid-share", "0", "--eval-share", "0", "--since", "last")
+    [row] = _rows(tmp_path / "two")
+    assert (row["trace_id"], row["failure_class"]) == ("a1" * 16, "execution:upstream_error")
+
+
 def test_an_export_that_reads_up_to_an_id_is_followed_by_since_last_from_that_id(start_collector, sqlite_url: str,
                                                                                    tmp_path: Path) -> None:
     """A caller that bounds the read (the cycle passes the newest committed id it decided on) records that bound as

@@ -18,6 +18,7 @@ from sqlalchemy import (
     String,
     and_,
     bindparam,
+    case,
     exists,
     func,
     null,
@@ -53,6 +54,10 @@ class CallFilter:
     # and the earlier ones, valid as sent, whose execution was stored after `since_execution_id` and failed
     since_call_id: int | None = None
     since_execution_id: int | None = None
+    # the executions counted: those stored up to this id (`committed_ids`). A call whose failed execution was stored
+    # later reads as not run yet, so that a read of the store is as of one moment even while executions arrive: the
+    # next read since it finds the call as `failed_late`, and no two reads both take it as failed
+    up_to_execution_id: int | None = None
     model: str | None = None
     harness_version: str | None = None
     domain: str | None = None
@@ -72,13 +77,21 @@ class CallFilter:
             if value is not None:
                 found.append(condition(value))
         if self.since_call_id is not None:
-            found.append(_new_since(self.since_call_id, self.since_execution_id))
+            found.append(_new_since(self.since_call_id, self.since_execution_id, self.up_to_execution_id))
+        status = self.execution_status()
         if self.failed is not None:
-            ran_well = or_(C.execution_status.is_(None), C.execution_status != "error")  # NULL-safe, unlike NOT
+            ran_well = or_(status.is_(None), status != "error")  # NULL-safe, unlike NOT
             found.append(or_(C.stage.is_not(None), ~ran_well) if self.failed else and_(C.stage.is_(None), ran_well))
         if self.stage is not None:
-            found.append(_stage_condition(self.stage))
+            found.append(_stage_condition(self.stage, status))
         return found
+
+    def execution_status(self) -> ColumnElement[Any]:
+        """`tool_calls.execution_status` as this read counts it (`up_to_execution_id`)."""
+        return _counted(C.execution_status, self.up_to_execution_id)
+
+    def execution_error(self) -> ColumnElement[Any]:
+        return _counted(C.execution_error, self.up_to_execution_id)
 
     def apply(self, statement: Select[Any]) -> Select[Any]:
         conditions = self.conditions()
@@ -98,11 +111,26 @@ def _failed(execution: Any) -> ColumnElement[bool]:
                 execution.span_id == C.execution_span_id)
 
 
-def failed_late(since_execution_id: int) -> ColumnElement[bool]:
-    """A call valid as sent whose execution, stored after that execution id, failed: a call an earlier read took as
-    valid (its execution had not arrived)."""
+def _stored_between(execution: Any, after_id: int, up_to_id: int | None) -> ColumnElement[bool]:
+    later = execution.id > after_id
+    return later if up_to_id is None else and_(later, execution.id <= up_to_id)
+
+
+def _counted(column: ColumnElement[Any], up_to_execution_id: int | None) -> ColumnElement[Any]:
+    """An execution column of `tool_calls`, NULL where the call's failed execution was stored after that id."""
+    if up_to_execution_id is None:
+        return column
     ran = aliased(E)
-    return exists().where(_failed(ran), ran.id > since_execution_id).correlate(C)
+    later = exists().where(ran.trace_id == C.trace_id, ran.span_id == C.execution_span_id,
+                           ran.id > up_to_execution_id).correlate(C)
+    return case((and_(C.execution_status == "error", later), null()), else_=column)
+
+
+def failed_late(since_execution_id: int, up_to_execution_id: int | None = None) -> ColumnElement[bool]:
+    """A call valid as sent whose execution, stored after that execution id (and up to the other), failed: a call an
+    earlier read took as valid (its execution had not arrived)."""
+    ran = aliased(E)
+    return exists().where(_failed(ran), _stored_between(ran, since_execution_id, up_to_execution_id)).correlate(C)
 
 
 def first_failed_late(conn: Connection, f: CallFilter, up_to_id: int, since_execution_id: int) -> int | None:
@@ -110,19 +138,22 @@ def first_failed_late(conn: Connection, f: CallFilter, up_to_id: int, since_exec
     executions stored since, not by reading the older calls)."""
     ran = aliased(E)
     statement = f.apply(select(func.min(C.id)).select_from(ran).join(C, _failed(ran)))
-    return conn.execute(statement.where(ran.id > since_execution_id, C.id <= up_to_id)).scalar()
+    late = _stored_between(ran, since_execution_id, f.up_to_execution_id)
+    return conn.execute(statement.where(late, C.id <= up_to_id)).scalar()
 
 
-def _new_since(since_call_id: int, since_execution_id: int | None) -> ColumnElement[bool]:
+def _new_since(since_call_id: int, since_execution_id: int | None,
+               up_to_execution_id: int | None) -> ColumnElement[bool]:
     newer = C.id > since_call_id
-    return newer if since_execution_id is None else or_(newer, failed_late(since_execution_id))
+    return newer if since_execution_id is None else or_(newer, failed_late(since_execution_id, up_to_execution_id))
 
 
-def _stage_condition(stage: str) -> ColumnElement[bool]:
+def _stage_condition(stage: str, status: ColumnElement[Any] = C.execution_status) -> ColumnElement[bool]:
+    """`status`: the execution status as the read counts it (`CallFilter.execution_status`)."""
     if stage == "ok":
-        return and_(C.stage.is_(None), or_(C.execution_status.is_(None), C.execution_status != "error"))
+        return and_(C.stage.is_(None), or_(status.is_(None), status != "error"))
     if stage == "execution":
-        return and_(C.stage.is_(None), C.execution_status == "error")
+        return and_(C.stage.is_(None), status == "error")
     if stage not in STAGES:
         raise FilterError(f"no verdict stage {stage!r}; known: {', '.join(STAGES)}")
     return C.stage == stage
@@ -179,20 +210,25 @@ class StoredCall(NamedTuple):
 _CALL_COLUMNS = tuple(getattr(C, name) for name in StoredCall._fields)
 
 
-def _call_columns(unread: Collection[str]) -> tuple[ColumnElement[Any], ...]:
-    """The columns of a `StoredCall`, those named in `unread` as NULL (a tool's result is up to 64 K characters: a
-    reader of a million calls that does not need them does not hold them)."""
-    if not unread:
+def _call_columns(unread: Collection[str], f: CallFilter) -> tuple[ColumnElement[Any], ...]:
+    """The columns of a `StoredCall` as `f` reads them (its execution status, `CallFilter.up_to_execution_id`),
+    those named in `unread` as NULL (a tool's result is up to 64 K characters: a reader of a million calls that does
+    not need them does not hold them)."""
+    if not unread and f.up_to_execution_id is None:
         return _CALL_COLUMNS
     if unknown := set(unread) - set(StoredCall._fields):
         raise ValueError(f"not a field of StoredCall: {', '.join(sorted(unknown))}")
-    return tuple(null().label(name) if name in unread else getattr(C, name) for name in StoredCall._fields)
+    columns = {name: null().label(name) if name in unread else getattr(C, name) for name in StoredCall._fields}
+    if f.up_to_execution_id is not None:
+        counted = {"execution_status": f.execution_status(), "execution_error": f.execution_error()}
+        columns.update((name, column.label(name)) for name, column in counted.items() if name not in unread)
+    return tuple(columns.values())
 
 
 def calls(conn: Connection, f: CallFilter = CallFilter(), limit: int | None = None,
           unread: Collection[str] = ()) -> list[StoredCall]:
     """The calls `f` selects, oldest first; the fields named in `unread` are left None."""
-    statement = f.apply(select(*_call_columns(unread))).order_by(C.id)
+    statement = f.apply(select(*_call_columns(unread, f))).order_by(C.id)
     if limit is not None:
         statement = statement.limit(limit)
     return [StoredCall(*row) for row in conn.execute(statement).all()]
@@ -236,7 +272,7 @@ def iter_traces(engine: Engine, f: CallFilter = CallFilter(), batch: int = 5000,
             mine = [t for t in seen if _ends_in(spans[t][1], start, stop)]
             begun = [t for t in mine if first_read is not None and spans[t][0] <= first_read]
             if begun:  # traces this reader gives that began before its first page
-                earlier = f.apply(select(*_call_columns(unread))).where(C.trace_id.in_(begun), C.id <= first_read)
+                earlier = f.apply(select(*_call_columns(unread, f))).where(C.trace_id.in_(begun), C.id <= first_read)
                 for call in conn.execute(earlier.order_by(C.id)):
                     reading.setdefault(call.trace_id, []).append(StoredCall(*call))
         for t in mine:
