@@ -193,7 +193,7 @@ def _entity_view(attrs: dict[str, Any]) -> dict[str, Any]:
             view.setdefault("gen_ai.response.model", model)
     elif kind == "tool":
         view["tracemill.tool_span"] = True
-        arguments = _decode(entity_input)
+        arguments = json_attribute(entity_input)
         if isinstance(arguments, dict):
             if isinstance(arguments.get("arguments"), dict):  # OpenLLMetry MCP: {"tool_name", "arguments"}
                 arguments = arguments["arguments"]
@@ -205,7 +205,7 @@ def _entity_view(attrs: dict[str, Any]) -> dict[str, Any]:
             view.setdefault("gen_ai.tool.call.arguments", entity_input)
         if entity_output is not None:
             view.setdefault("gen_ai.tool.call.result", entity_output)
-    elif isinstance(decoded := _decode(entity_output), dict) and isinstance(decoded.get("tools"), list):
+    elif isinstance(decoded := json_attribute(entity_output), dict) and isinstance(decoded.get("tools"), list):
         view.setdefault("mcp.tools", decoded)  # OpenLLMetry MCP's `tools/list.mcp` span: the ListToolsResult
     if attrs.get("langfuse.observation.level") == "ERROR":
         view.setdefault("error.type", "error")
@@ -232,7 +232,7 @@ def _event_attributes(events: Any) -> dict[str, Any]:
 
 # --- small readers ------------------------------------------------------------------------------------------------
 
-def _decode(value: Any) -> Any:
+def json_attribute(value: Any) -> Any:
     """A JSON attribute as data: strings are parsed (None when they are not JSON), structured values pass through."""
     if isinstance(value, (str, bytes)):
         try:
@@ -296,7 +296,7 @@ def _offered_tools(attrs: dict[str, Any]) -> list[Tool] | None:
     tools = _flat_tools(attrs)
     if tools is not None:
         return tools
-    prompt = _decode(attrs.get("gen_ai.prompt"))
+    prompt = json_attribute(attrs.get("gen_ai.prompt"))
     if isinstance(prompt, dict):
         for key in ("tools", "functions"):
             if key in prompt:
@@ -319,7 +319,7 @@ def _tool_list(value: Any) -> list[Tool] | None:
 def _tool_list_from_text(text: str) -> list[Tool] | None:
     """Shared by every span that sends the same definitions (so the writer can know a list it has seen by its
     identity): never mutate what it returns."""
-    return _read_tool_list(_decode(text))
+    return _read_tool_list(json_attribute(text))
 
 
 def _read_tool_list(value: Any) -> list[Tool] | None:
@@ -340,7 +340,7 @@ def _read_tool(value: Any) -> Tool | None:
 
 @lru_cache(maxsize=4096)
 def _tool_from_text(text: str) -> Tool | None:
-    return _read_tool(_decode(text))
+    return _read_tool(json_attribute(text))
 
 
 def _flat_tools(attrs: dict[str, Any]) -> list[Tool] | None:
@@ -361,7 +361,7 @@ def _flat_tools(attrs: dict[str, Any]) -> list[Tool] | None:
         else:
             parameters = fields.get("parameters")
             tool = _read_tool({"name": fields.get("name"), "description": fields.get("description"),
-                               "parameters": _decode(parameters) if parameters is not None else None})
+                               "parameters": json_attribute(parameters) if parameters is not None else None})
         if tool is not None:
             tools.append(tool)
     return tools or None
@@ -372,9 +372,9 @@ def _flat_tools(attrs: dict[str, Any]) -> list[Tool] | None:
 def _output_messages(attrs: dict[str, Any]) -> list[_Message]:
     """The model's output messages from the first convention that has any."""
     if "gen_ai.output.messages" in attrs:
-        decoded = _decode(attrs["gen_ai.output.messages"])
+        decoded = json_attribute(attrs["gen_ai.output.messages"])
         if isinstance(decoded, list):  # some SDKs send an array of JSON strings, one per message
-            decoded = [_decode(item) if isinstance(item, str) else item for item in decoded]
+            decoded = [json_attribute(item) if isinstance(item, str) else item for item in decoded]
         messages = _walk_messages(decoded)
         if messages:
             return messages
@@ -386,7 +386,7 @@ def _output_messages(attrs: dict[str, Any]) -> list[_Message]:
             return messages
     if "gen_ai.completion" in attrs:
         completion = attrs["gen_ai.completion"]
-        decoded = _decode(completion)
+        decoded = json_attribute(completion)
         if decoded is None and isinstance(completion, str):
             return [_Message([], [completion])]
         return _walk_messages(decoded)
@@ -400,7 +400,8 @@ def _invalid_calls(attrs: dict[str, Any], messages: list[_Message]) -> list[_Mes
     if not (isinstance(output, str) and _INVALID_CALLS.search(output)):
         return []
     known = {call.id for message in messages for call in message.calls}
-    found = [call for message in _walk_messages(_decode(output)) for call in message.calls if call.id not in known]
+    found = [call for message in _walk_messages(json_attribute(output)) for call in message.calls
+             if call.id not in known]
     return [_Message(found, [])] if found else []
 
 
@@ -534,7 +535,7 @@ def _response_id(attrs: dict[str, Any]) -> str | None:
     found = attrs.get("gen_ai.response.id")
     if isinstance(found, str):
         return _as_id(found)
-    output = _decode(attrs.get("output.value"))
+    output = json_attribute(attrs.get("output.value"))
     if not isinstance(output, dict):
         return None
     if "choices" in output:
@@ -587,7 +588,7 @@ def _reported_outcome(result: Any) -> _Reported | None:
             return None
     elif not isinstance(result, dict):
         return None
-    value = _decode(result)
+    value = json_attribute(result)
     for key in ("output", "data"):
         if isinstance(value, dict) and isinstance(value.get(key), dict):
             value = value[key]
@@ -614,7 +615,7 @@ def _mcp_arguments(attrs: dict[str, Any]) -> str | None:
     arguments = {}
     for key, value in attrs.items():
         if isinstance(key, str) and key.startswith(_MCP_ARGUMENT_PREFIX):
-            decoded = _decode(value)
+            decoded = json_attribute(value)
             arguments[key[len(_MCP_ARGUMENT_PREFIX):]] = value if decoded is None else decoded
     return _dumps(arguments) if arguments else None
 

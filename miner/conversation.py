@@ -16,6 +16,7 @@ from sqlalchemy import Connection
 
 from tracemill.collector.joins import stored_events
 from tracemill.collector.logs import LogEvent
+from tracemill.collector.normalize import json_attribute
 from tracemill.store.queries import span
 
 _FLAT = re.compile(r"llm\.input_messages\.(\d+)\.message\.(role|content)$")
@@ -33,22 +34,13 @@ class Conversation:
         return self.text if self.text is not None else orjson.dumps(self.messages, default=str).decode()
 
 
-def _decoded(value: Any) -> Any:
-    if isinstance(value, (str, bytes)):
-        try:
-            return orjson.loads(value)
-        except orjson.JSONDecodeError:
-            return None
-    return value
-
-
 def _messages(value: Any) -> list[Any] | None:
-    decoded = _decoded(value)
+    decoded = json_attribute(value)
     if isinstance(decoded, Mapping) and isinstance(decoded.get("messages"), list):
         decoded = decoded["messages"]
     if not isinstance(decoded, list):
         return None
-    return [m if type(m) is dict else _decoded(m) if isinstance(m, str) else m  # a dict, nearly always
+    return [m if type(m) is dict else json_attribute(m) if isinstance(m, str) else m  # a dict, nearly always
             for m in decoded if type(m) is dict or isinstance(m, (Mapping, str))]
 
 
@@ -59,7 +51,7 @@ _KEYS = (GENAI_MESSAGES, "gen_ai.prompt", "input.value")
 def genai_conversation(stored: str) -> Conversation:
     """The conversation of a span's `gen_ai.input.messages`, from the text stored; a JSON array of message objects
     keeps its text."""
-    value = _decoded(stored)
+    value = json_attribute(stored)
     if type(value) is list and value and all(type(m) is dict for m in value):
         return Conversation(value, stored)
     return Conversation(_messages(value) or [])
