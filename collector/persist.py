@@ -7,11 +7,10 @@ toolset ids, what earlier batches stored, the inserts)."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
-from sqlalchemy import Connection, Dialect, bindparam, or_, select, update
+from sqlalchemy import Connection, Dialect, bindparam, select, update
 
 from tracemill.collector import same_call
 from tracemill.collector.domains import call_domain
@@ -26,6 +25,7 @@ from tracemill.collector.joins import (
 )
 from tracemill.collector.logs import LogEvent
 from tracemill.collector.normalize import Extracted, ExtractedCall, ExtractedExecution, extract
+from tracemill.collector.numbered import link_numbered, numbered_keys
 from tracemill.spans import SpanRecord
 from tracemill.store.bulk import BulkInsert
 from tracemill.store.engine import insert_ignoring_duplicates
@@ -34,8 +34,6 @@ from tracemill.store.queries import trace_spans
 from tracemill.store.tables import LogEventRow, PayloadRow, SpanRow, ToolCallRow, ToolExecutionRow, ToolsetRow, utcnow
 from tracemill.tools import Tool, tool_index, toolset_hash
 from tracemill.verify import verify
-
-T = TypeVar("T")
 
 _SPANS = SpanRow.__table__
 _TOOLSETS = ToolsetRow.__table__
@@ -189,10 +187,10 @@ class SpanWriter:
             conn.execute(_LINK_EXECUTION, links)
         if fills:
             conn.execute(same_call.FILL_STORED, [same_call.fill_params(k, row) for k, row in fills.items()])
-        by_content = [r for r in batch.executions if id(r) not in linked and (
-            same_call.numbered(r["tool_call_id"]) if r["tool_call_id"] else r["tool_name"])]
+        by_content = [r for r in batch.executions if not r["tool_call_id"] and r["tool_name"] and id(r) not in linked]
         if by_content:
             _link_stored_by_content(conn, by_content)
+        link_numbered(conn, numbered_keys(calls) | numbered_keys(fills.values()) | numbered_keys(batch.executions))
         self._new_calls = [(r["twin_key"], (r["trace_id"], r["span_id"], r["call_index"]))
                            for r in calls if r["twin_key"] is not None]
 
@@ -294,6 +292,7 @@ class SpanWriter:
         self._insert_calls.execute(conn, calls)
         if fills:
             conn.execute(same_call.FILL_STORED, [same_call.fill_params(k, row) for k, row in fills.items()])
+        link_numbered(conn, numbered_keys(calls) | numbered_keys(fills.values()))
 
     def _joined_rows(self, conn: Connection, span: SpanRecord, now: Any, rows: list[dict[str, Any]],
                      toolsets: list[_Toolset | None], first_span: dict[Key, str],
@@ -418,9 +417,9 @@ class SpanWriter:
 def _link_executions(conn: Connection, calls: list[dict[str, Any]], in_batch: dict[tuple[str, str], dict[str, Any]],
                      executions: list[dict[str, Any]], seen_as: dict[int, tuple[str, str]]) -> set[Any]:
     """Attach to each new call its execution: from this batch, else one stored before the call arrived; by the call
-    id, else (an execution that carries none) by the tool's name and arguments within the trace. Returns the
-    (trace, tool call id) keys of this batch's executions that found their call here, and the `id()` of those found
-    by content."""
+    id, else (an execution that carries none) by the tool's name and arguments within the trace. A numbered id's
+    execution is found by `numbered.link_numbered` once the batch is stored. Returns the (trace, tool call id) keys of
+    this batch's executions that found their call here, and the `id()` of those found by content."""
     linked: set[Any] = set()
     missing: list[dict[str, Any]] = []
     unnamed: dict[str, list[dict[str, Any]]] = {}
@@ -429,12 +428,8 @@ def _link_executions(conn: Connection, calls: list[dict[str, Any]], in_batch: di
             unnamed.setdefault(execution["trace_id"], []).append(execution)
     for row in calls:
         key = (row["trace_id"], row["tool_call_id"])
-        if row["tool_call_id"] and same_call.numbered(row["tool_call_id"]):
-            hit = _ran(row, [e for e in in_batch.get(key, ()) if id(e) not in linked])
-            if hit is not None:
-                linked.add(id(hit))
-        else:
-            hit = _last(in_batch.get(key)) if row["tool_call_id"] else None
+        by_id = bool(row["tool_call_id"]) and not same_call.numbered(row["tool_call_id"])
+        hit = _last(in_batch.get(key)) if by_id else None
         if hit is None and id(row) in seen_as:
             hit = _last(in_batch.get(seen_as[id(row)]))
             if hit is not None:
@@ -457,23 +452,12 @@ def _link_executions(conn: Connection, calls: list[dict[str, Any]], in_batch: di
         ).all()
         by_key = {(s.trace_id, s.tool_call_id): s for s in stored if s.tool_call_id}
         stored_unnamed: dict[str, list[dict[str, Any]]] = {}
-        stored_numbered: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for s in stored:
             if not s.tool_call_id and s.tool_name:
                 stored_unnamed.setdefault(s.trace_id, []).append(s._asdict())
-            elif s.tool_call_id and same_call.numbered(s.tool_call_id):
-                stored_numbered.setdefault((s.trace_id, s.tool_call_id), []).append(s._asdict())
-        taken = _linked_spans(conn, {trace for trace, _ in stored_numbered}) if stored_numbered else set()
         for row in missing:
             key = (row["trace_id"], row["tool_call_id"])
-            if key in stored_numbered:
-                free = [e for e in stored_numbered[key] if e["span_id"] not in taken and id(e) not in linked]
-                ran = _ran(row, free)
-                if ran is not None:
-                    linked.add(id(ran))
-                    _set_execution(row, ran["span_id"], ran["ok"], ran["error"], ran["result"])
-                continue
-            s = by_key.get(key) if row["tool_call_id"] else None
+            s = by_key.get(key) if row["tool_call_id"] and not same_call.numbered(row["tool_call_id"]) else None
             if s is not None:
                 _set_execution(row, s.span_id, s.ok, s.error, s.result)
             elif row["trace_id"] in stored_unnamed:
@@ -486,26 +470,6 @@ def _link_executions(conn: Connection, calls: list[dict[str, Any]], in_batch: di
 
 def _last(executions: list[dict[str, Any]] | None) -> dict[str, Any] | None:
     return executions[-1] if executions else None
-
-
-def _ran(row: dict[str, Any], executions: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Of the executions not taken yet with the row's numbered call id, the one that ran it: the only one, else the
-    first that ran its tool with its arguments (where it says which)."""
-    return _only_or_first(executions, lambda e: same_call.ran(e, row["name"], row["arguments"]))
-
-
-def _only_or_first(candidates: list[T], fits: Callable[[T], bool]) -> T | None:
-    """The only candidate (a numbered id used once in its trace: one call, whatever an execution records of it), else
-    the first that fits."""
-    if len(candidates) == 1:
-        return candidates[0]
-    return next((c for c in candidates if fits(c)), None)
-
-
-def _linked_spans(conn: Connection, traces: set[str]) -> set[str]:
-    """The executions (by span) that calls of these traces were linked to."""
-    return set(conn.execute(select(_CALLS.c.execution_span_id).where(
-        _CALLS.c.trace_id.in_(traces), _CALLS.c.execution_span_id.is_not(None))).scalars())
 
 
 def _same_content(row: dict[str, Any], executions: list[dict[str, Any]], taken: set[Any]) -> dict[str, Any] | None:
@@ -521,32 +485,24 @@ def _same_content(row: dict[str, Any], executions: list[dict[str, Any]], taken: 
 
 def _link_stored_by_content(conn: Connection, executions: list[dict[str, Any]]) -> None:
     """Executions without a call id, linked to a stored call of their trace (the first made) with the same tool and
-    arguments; with a numbered one, to the call of that id (`_only_or_first`)."""
+    arguments."""
     stored = conn.execute(
-        select(_CALLS.c.id, _CALLS.c.trace_id, _CALLS.c.tool_call_id, _CALLS.c.name, _CALLS.c.arguments)
+        select(_CALLS.c.id, _CALLS.c.trace_id, _CALLS.c.name, _CALLS.c.arguments)
         .where(_CALLS.c.trace_id.in_({e["trace_id"] for e in executions}), _CALLS.c.execution_status.is_(None),
-               or_(_CALLS.c.name.in_({e["tool_name"] for e in executions if not e["tool_call_id"]}),
-                   _CALLS.c.tool_call_id.in_({e["tool_call_id"] for e in executions if e["tool_call_id"]})))
+               _CALLS.c.name.in_({e["tool_name"] for e in executions}))
         .order_by(_CALLS.c.id)
     ).all()
     taken: set[int] = set()
     updates = []
     for execution in executions:
-        free = [c for c in stored if c.id not in taken and c.trace_id == execution["trace_id"]]
-        if execution["tool_call_id"]:
-            call = _only_or_first([c for c in free if c.tool_call_id == execution["tool_call_id"]],
-                                  lambda c, e=execution: same_call.ran(e, c.name, c.arguments))
-        else:
-            call = next((c for c in free if c.name == execution["tool_name"]
-                         and same_call.same_arguments(execution["arguments"], c.arguments)), None)
+        call = next((c for c in stored if c.id not in taken and c.trace_id == execution["trace_id"]
+                     and c.name == execution["tool_name"]
+                     and same_call.same_arguments(execution["arguments"], c.arguments)), None)
         if call is not None:
             taken.add(call.id)
-            updates.append({"i": call.id, "s": "success" if execution["ok"] else "error", "e": execution["error"],
-                            "r": execution["result"], "x": execution["span_id"]})
+            updates.append(same_call.execution_params(call.id, execution))
     if updates:
-        conn.execute(update(_CALLS).where(_CALLS.c.id == bindparam("i"))
-                     .values(execution_status=bindparam("s"), execution_error=bindparam("e"),
-                             execution_result=bindparam("r"), execution_span_id=bindparam("x")), updates)
+        conn.execute(same_call.SET_EXECUTION, updates)
 
 
 def _numbered_owners(conn: Connection, rows: list[dict[str, Any]]) -> dict[tuple[Any, ...], tuple[str, int]]:

@@ -160,6 +160,22 @@ FILL_STORED = (
 )
 
 
+# a stored call's execution, by the call's id (`execution_params`)
+SET_EXECUTION = (
+    update(_CALLS).where(_CALLS.c.id == bindparam("i"))
+    .values(execution_status=bindparam("s"), execution_error=bindparam("e"), execution_result=bindparam("r"),
+            execution_span_id=bindparam("x"))
+)
+
+
+def execution_params(call_id: int, execution: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`SET_EXECUTION`'s parameters: the execution row's (`ok`, `error`, `result`, `span_id`), or none."""
+    if execution is None:
+        return {"i": call_id, "s": None, "e": None, "r": None, "x": None}
+    return {"i": call_id, "s": "success" if execution["ok"] else "error", "e": execution["error"],
+            "r": execution["result"], "x": execution["span_id"]}
+
+
 def fill_params(key: tuple[str, str, int], row: dict[str, Any]) -> dict[str, Any]:
     return {"k_trace": key[0], "k_span": key[1], "k_index": key[2],
             **{"n_" + k: row[k] for k in ("model", "harness_version", *VERDICT, *EXECUTION)}}

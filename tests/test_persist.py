@@ -139,6 +139,45 @@ def test_a_numbered_call_id_repeated_in_the_turns_of_one_trace_is_one_call_per_t
         ("Lima", "mild in Lima", None)]
 
 
+def test_a_numbered_call_id_s_execution_goes_to_the_call_made_last_before_it_ran_whatever_the_arrival_order(
+        db_url: str) -> None:
+    """A server that numbers every call `0` (TGI): the agent's first call is refused before it runs (a number where
+    the schema wants a string), its retry runs, and the execute_tool span says neither arguments nor which turn it
+    answered. The execution is the retry's, the call made last before it started, in whatever order the spans
+    arrive; the refused call stays not run, even where a second record of the execution (the tool server's span)
+    comes too."""
+    engine = make_engine(db_url)
+    upgrade(engine)
+    writer = SpanWriter(engine.dialect)
+    second = 1_000_000_000
+
+    def spans(trace: str) -> dict[str, Span]:
+        def chat(span: str, city: object, at: int) -> Span:
+            call = [{"id": "0", "name": "get_weather", "arguments": {"city": city}}]
+            return make_span(trace, span * 8, "chat", chat_attributes(call), start_ns=1_700_000_000 * second + at)
+
+        ran = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "get_weather", "gen_ai.tool.call.id": "0",
+               "gen_ai.tool.call.result": "rain in Oslo"}
+        return {"refused": chat("01", 7, 0), "retry": chat("02", "Oslo", 2 * second),
+                "ran": make_span(trace, "03" * 8, "execute_tool get_weather", ran,
+                                 start_ns=1_700_000_000 * second + 3 * second),
+                "again": make_span(trace, "04" * 8, "execute_tool get_weather", ran, parent="03" * 8,
+                                   start_ns=1_700_000_000 * second + 3 * second + 1000)}
+
+    orders = [[["refused", "retry", "ran"]], [["refused", "retry"], ["ran"]], [["refused"], ["retry", "ran"]],
+              [["ran"], ["refused", "retry"]], [["ran"], ["retry"], ["refused"]], [["retry"], ["ran"], ["refused"]],
+              [["refused", "retry", "ran", "again"]], [["again"], ["refused"], ["ran", "retry"]]]
+    for n, batches in enumerate(orders):
+        made = spans(f"{n + 1:032x}")
+        for batch in batches:
+            _write(engine, writer, [made[name] for name in batch])
+    with engine.connect() as conn:
+        rows = conn.execute(select(ToolCallRow.trace_id, ToolCallRow.arguments, ToolCallRow.execution_result)
+                            .order_by(ToolCallRow.trace_id, ToolCallRow.start_time_ns)).all()
+    engine.dispose()
+    assert [(r.arguments["city"], r.execution_result) for r in rows] == [(7, None), ("Oslo", "rain in Oslo")] * 8
+
+
 def test_the_sidecar_s_record_of_a_call_does_not_take_the_agent_s_row(sqlite_url: str) -> None:
     """The reviser sidecar traces what it relayed as a service of its own, in its own trace (no traceparent): the
     agent's row of that call stays the agent's, while a second instrumentation inside the agent is still one row."""
