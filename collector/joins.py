@@ -24,7 +24,10 @@ from tracemill.store.tables import LogEventRow
 
 _MODEL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
 _CHOICE = "gen_ai.choice"
-_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended(:t, 4318))")
+# one statement for all of a request's traces, each locked in the order of their ids (PostgreSQL evaluates a volatile
+# output expression after the sort)
+_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended(t, 4318)) FROM unnest(CAST(:traces AS text[])) AS t "
+             "ORDER BY t")
 
 Key = tuple[str, str]  # (trace id, span id)
 
@@ -64,8 +67,9 @@ def lock_traces(conn: Connection, dialect: str, trace_ids: Iterable[str]) -> Non
     """On PostgreSQL, a transaction lock per trace, taken in one order by every writer (no deadlock between them).
     SQLite needs none: its writers take turns for the whole store (BEGIN IMMEDIATE)."""
     if dialect == "postgresql":
-        for trace_id in sorted(set(trace_ids)):
-            conn.execute(_LOCK, {"t": trace_id})
+        traces = sorted(set(trace_ids))
+        if traces:
+            conn.execute(_LOCK, {"traces": traces})
 
 
 def stored_events(conn: Connection, keys: set[Key]) -> dict[Key, list[LogEvent]]:

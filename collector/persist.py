@@ -6,6 +6,7 @@ toolset ids, what earlier batches stored, the inserts)."""
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -152,6 +153,10 @@ class SpanWriter:
         return batch
 
     def write(self, conn: Connection, batch: Prepared) -> None:
+        # writers take turns on a trace whose calls or executions they write: each links what the other committed
+        lock_traces(conn, self.dialect, itertools.chain((r["trace_id"] for r in batch.calls),
+                                                        (r["trace_id"] for r in batch.executions),
+                                                        (s.trace_id for s in batch.awaiting_events)))
         rows, toolsets = list(batch.calls), list(batch.call_toolsets)
         looked_up: dict[str, list[Tool] | None] = {}
         for n, span, found, call in batch.unresolved:
@@ -162,7 +167,6 @@ class SpanWriter:
                 rows[n], toolsets[n] = self._call_row(span, found, call, tools, rows[n]["created_at"])
         first_span = batch.first_span
         if batch.awaiting_events:
-            lock_traces(conn, self.dialect, (s.trace_id for s in batch.awaiting_events))
             events = stored_events(conn, {(s.trace_id, s.span_id) for s in batch.awaiting_events})
             if events:
                 first_span = dict(first_span)

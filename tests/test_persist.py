@@ -4,16 +4,17 @@ from earlier requests (the tools a trace was offered) must be found in the store
 from __future__ import annotations
 
 import json
+import threading
 
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from sqlalchemy import select
 
 from tracemill.collector.decode import Limits, decode_protobuf
-from tracemill.collector.persist import SpanWriter
+from tracemill.collector.persist import Prepared, SpanWriter
 from tracemill.store.bulk import BulkInsert
 from tracemill.store.engine import make_engine
 from tracemill.store.migrate import upgrade
-from tracemill.store.tables import SpanRow, ToolCallRow
+from tracemill.store.tables import SpanRow, ToolCallRow, ToolExecutionRow
 
 from support import chat_attributes, export_request, make_span
 
@@ -176,6 +177,45 @@ def test_a_numbered_call_id_s_execution_goes_to_the_call_made_last_before_it_ran
                             .order_by(ToolCallRow.trace_id, ToolCallRow.start_time_ns)).all()
     engine.dispose()
     assert [(r.arguments["city"], r.execution_result) for r in rows] == [(7, None), ("Oslo", "rain in Oslo")] * 8
+
+
+def test_a_call_and_its_execution_written_at_once_by_two_ingest_processes_are_linked(postgres_url: str) -> None:
+    """Two ingest processes on PostgreSQL, one writing the agent's call and the other, at the same moment, its
+    execution (a second exporter: the tool server's). Neither transaction sees the other's uncommitted row; the second
+    to write waits for the first's commit (a lock per trace), so that whichever commits last links the two."""
+    engine = make_engine(postgres_url)
+    upgrade(engine)
+    trace, call_id = "a1" * 16, "call_Xk2pQ9rT"
+    chat = make_span(trace, "01" * 8, "chat", chat_attributes(
+        [{"id": call_id, "name": "get_weather", "arguments": {"city": "Oslo"}}]))
+    ran = make_span(trace, "02" * 8, "execute_tool get_weather", {
+        "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "get_weather", "gen_ai.tool.call.id": call_id,
+        "gen_ai.tool.call.result": "rain in Oslo"}, parent="01" * 8)
+    for first, second in ((chat, ran), (ran, chat)):
+        with engine.begin() as conn:
+            conn.execute(ToolCallRow.__table__.delete())
+            conn.execute(ToolExecutionRow.__table__.delete())
+            conn.execute(SpanRow.__table__.delete())
+        writers = [SpanWriter(engine.dialect), SpanWriter(engine.dialect)]
+        batches = [w.prepare(decode_protobuf(export_request([s]), Limits(1 << 20)).spans)
+                   for w, s in zip(writers, (first, second), strict=True)]
+        conn = engine.connect()
+        transaction = conn.begin()
+        writers[0].write(conn, batches[0])  # not committed yet
+
+        def write(writer: SpanWriter, batch: Prepared) -> None:
+            with engine.begin() as other:
+                writer.write(other, batch)
+
+        meanwhile = threading.Thread(target=write, args=(writers[1], batches[1]))
+        meanwhile.start()
+        meanwhile.join(1.0)  # time for the second writer to do all it would without waiting
+        transaction.commit()
+        conn.close()
+        meanwhile.join()
+        with engine.connect() as check:
+            assert check.execute(select(ToolCallRow.execution_result)).scalars().all() == ["rain in Oslo"]
+    engine.dispose()
 
 
 def test_the_sidecar_s_record_of_a_call_does_not_take_the_agent_s_row(sqlite_url: str) -> None:
