@@ -91,6 +91,7 @@ class CallFilter:
         return _counted(C.execution_status, self.up_to_execution_id)
 
     def execution_error(self) -> ColumnElement[Any]:
+        """`tool_calls.execution_error` as this read counts it."""
         return _counted(C.execution_error, self.up_to_execution_id)
 
     def apply(self, statement: Select[Any]) -> Select[Any]:
