@@ -179,6 +179,51 @@ def test_a_numbered_call_id_s_execution_goes_to_the_call_made_last_before_it_ran
     assert [(r.arguments["city"], r.execution_result) for r in rows] == [(7, None), ("Oslo", "rain in Oslo")] * 8
 
 
+def test_the_same_call_sent_again_under_a_numbered_id_after_its_tool_failed_is_a_call_of_its_own(
+        db_url: str) -> None:
+    """A server that numbers every call `0`: the agent's call fails when it runs, and the model sends the very same
+    call again in its next turn, which runs well. Two calls, each with its execution, in whatever order the spans
+    arrive; while a span that repeats a call during the turn that made it (a chain span around the model call) is
+    still that one call."""
+    engine = make_engine(db_url)
+    upgrade(engine)
+    writer = SpanWriter(engine.dialect)
+    second = 1_000_000_000
+    oslo = [{"id": "0", "name": "get_weather", "arguments": {"city": "Oslo"}}]
+
+    def spans(trace: str) -> dict[str, Span]:
+        def at(span: str, name: str, attributes: dict, seconds: float, parent: str | None = None) -> Span:
+            return make_span(trace, span * 8, name, attributes, parent=parent,
+                             start_ns=1_700_000_000 * second + int(seconds * second))
+
+        def ran(**more: str) -> dict[str, str]:
+            return {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "get_weather",
+                    "gen_ai.tool.call.id": "0", **more}
+
+        said = {"type": "ai", "content": "", "tool_calls": [{"name": "get_weather", "args": {"city": "Oslo"},
+                                                             "id": "0"}]}
+        return {"first": at("01", "chat", chat_attributes(oslo), 0),
+                "failed": make_span(trace, "02" * 8, "execute_tool get_weather", ran(**{"error.type": "timeout"}),
+                                    start_ns=1_700_000_000 * second + 1 * second, status_code=2),
+                "again": at("03", "chat", chat_attributes(oslo), 2),
+                "chain": at("05", "agent", {"langsmith.span.kind": "chain",
+                                            "gen_ai.completion": json.dumps({"messages": [said]})}, 2),
+                "ran": at("04", "execute_tool get_weather", ran(**{"gen_ai.tool.call.result": "rain in Oslo"}), 3)}
+
+    orders = [[["first", "failed", "again", "chain", "ran"]], [["first"], ["failed"], ["again", "chain"], ["ran"]],
+              [["ran"], ["chain"], ["again"], ["failed"], ["first"]], [["again", "ran"], ["first", "failed", "chain"]]]
+    for n, batches in enumerate(orders):
+        made = spans(f"{n + 1:032x}")
+        for batch in batches:
+            _write(engine, writer, [made[name] for name in batch])
+    with engine.connect() as conn:
+        rows = conn.execute(select(ToolCallRow.trace_id, ToolCallRow.execution_status, ToolCallRow.execution_result)
+                            .order_by(ToolCallRow.trace_id, ToolCallRow.start_time_ns)).all()
+    engine.dispose()
+    assert [(r.execution_status, r.execution_result) for r in rows] == [
+        ("error", None), ("success", "rain in Oslo")] * len(orders)
+
+
 def test_a_call_and_its_execution_written_at_once_by_two_ingest_processes_are_linked(postgres_url: str) -> None:
     """Two ingest processes on PostgreSQL, one writing the agent's call and the other, at the same moment, its
     execution (a second exporter: the tool server's). Neither transaction sees the other's uncommitted row; the second
