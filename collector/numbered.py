@@ -1,20 +1,23 @@
-"""Which call an execution ran where the model server numbers its calls (`same_call.numbered`: TGI's `0`, `call_0`).
+"""Calls whose ids the model server numbers (`same_call.numbered`: TGI's `0`, `call_0`): one such id stands for every
+turn's call in a trace, so the id alone tells neither which sightings are one call nor which call an execution ran.
 
-One such id stands for every turn's call in a trace, and an execute_tool span seldom says its arguments (they are
-opt-in in the GenAI conventions), so the id does not tell which turn an execution answered. An agent's loop does: a
-call, its execution, the next call. An execution ran the call made last before it started, of the calls with its id
-whose tool and arguments it fits (`same_call.ran`); executions that say their arguments are placed first, and of calls
-made at the same moment the first stored. A call refused before it ran and retried under the same id keeps no
-execution, and a second record of an execution (a client's span and a server's) takes no older call.
+Sightings (`NumberedCalls`): two rows with one numbered id and the same content are one call when their spans overlap
+in time (a chain span around the model call that made it, a second instrumentation of that call); the same call sent
+again in a later turn, after its tool failed, is a call of its own.
 
-The links of every (trace, id) a batch touches are worked out again from all that is stored of it, so that the store
-holds the same links in whatever order the spans arrive.
+Executions (`link_numbered`): an execute_tool span seldom says its arguments (they are opt-in in the GenAI
+conventions), but an agent's loop tells: a call, its execution, the next call. An execution ran the call made last
+before it started, of the calls with its id whose tool and arguments it fits (`same_call.ran`); executions that say
+their arguments are placed first, and of calls made at the same moment the first stored. A call refused before it ran
+and retried under the same id keeps no execution, and a second record of an execution (a client's span and a
+server's) takes no older call. The links of every (trace, id) a batch touches are worked out again from all that is
+stored of it, so that the store holds the same links in whatever order the spans arrive.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, and_, select
 
@@ -103,3 +106,72 @@ _EXECUTIONS_OF = {
     .where(same_call.one_of(_EXECUTIONS.c.trace_id, sqlite), same_call.one_of(_EXECUTIONS.c.tool_call_id, sqlite))
     for sqlite in (True, False)
 }
+
+
+class _Sighting(NamedTuple):
+    """A stored row of a numbered call id, with its span's times."""
+
+    span_id: str
+    call_index: int
+    start_time_ns: int
+    end_time_ns: int
+
+
+def stored_sightings(conn: Connection, rows: list[dict[str, Any]]) -> dict[tuple[Any, ...], list[_Sighting]]:
+    """`same_call.numbered_key` -> the stored rows with that key, for the numbered ids of these rows."""
+    numbered = numbered_keys(rows)
+    if not numbered:
+        return {}
+    sqlite = conn.dialect.name == "sqlite"
+    stored = conn.execute(_SIGHTINGS[sqlite], same_call.listed_params(
+        sqlite, trace_id={t for t, _ in numbered}, tool_call_id={c for _, c in numbered}))
+    found: dict[tuple[Any, ...], list[_Sighting]] = {}
+    for r in stored:
+        found.setdefault(same_call.numbered_key(r._mapping), []).append(
+            _Sighting(r.span_id, r.call_index, r.start_time_ns, r.end_time_ns))
+    return found
+
+
+_SIGHTINGS = {
+    sqlite: select(_CALLS.c.trace_id, _CALLS.c.tool_call_id, _CALLS.c.name, _CALLS.c.arguments, _CALLS.c.raw,
+                   _CALLS.c.span_id, _CALLS.c.call_index, _SPANS.c.start_time_ns, _SPANS.c.end_time_ns)
+    .join(_SPANS, and_(_SPANS.c.trace_id == _CALLS.c.trace_id, _SPANS.c.span_id == _CALLS.c.span_id))
+    .where(same_call.one_of(_CALLS.c.trace_id, sqlite), same_call.one_of(_CALLS.c.tool_call_id, sqlite))
+    .order_by(_CALLS.c.id)
+    for sqlite in (True, False)
+}
+
+
+class NumberedCalls:
+    """The calls of numbered ids a request's rows are sightings of. Two sightings with one numbered id and the same
+    content are one call when their spans overlap in time (a chain span around the model call that made it, a second
+    instrumentation of that call); the same call sent again in a later turn, after its tool failed, is a call of its
+    own. A span's sightings are each another call: of several calls it shows with one content, each takes its own."""
+
+    def __init__(self, stored: dict[tuple[Any, ...], list[_Sighting]]) -> None:
+        self.stored = stored
+        self.kept: dict[tuple[Any, ...], list[dict[str, Any]]] = {}  # this request's rows with each key, kept
+        self.taken: set[tuple[str, int]] = set()  # (span of a sighting, id of the call it was taken as)
+
+    def sighting(self, row: dict[str, Any]) -> tuple[dict[str, Any] | None, _Sighting | None]:
+        """The kept row of this request, else the stored row, that `row` is a sighting of; (None, None) for a call not
+        seen before, which is kept."""
+        key = same_call.numbered_key(row)
+        for kept in self.kept.get(key, ()):
+            if self._takes(row, kept, kept["start_time_ns"], kept["end_time_ns"]):
+                return kept, None
+        stored = self.stored.get(key, [])
+        if all(s.span_id != row["span_id"] for s in stored):  # else the span sent again: its own row
+            for sighting in stored:
+                if self._takes(row, sighting, sighting.start_time_ns, sighting.end_time_ns):
+                    return None, sighting
+        self.kept.setdefault(key, []).append(row)
+        self.taken.add((row["span_id"], id(row)))
+        return None, None
+
+    def _takes(self, row: dict[str, Any], call: Any, start: int, end: int) -> bool:
+        overlap = start <= row["end_time_ns"] and row["start_time_ns"] <= end
+        if not overlap or (row["span_id"], id(call)) in self.taken:
+            return False
+        self.taken.add((row["span_id"], id(call)))
+        return True

@@ -9,9 +9,9 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
-from sqlalchemy import Connection, Dialect, and_, bindparam, select, update
+from sqlalchemy import Connection, Dialect, bindparam, select, update
 
 from tracemill.collector import same_call
 from tracemill.collector.domains import call_domain
@@ -26,7 +26,7 @@ from tracemill.collector.joins import (
 )
 from tracemill.collector.logs import LogEvent
 from tracemill.collector.normalize import Extracted, ExtractedCall, ExtractedExecution, extract
-from tracemill.collector.numbered import link_numbered, numbered_keys
+from tracemill.collector.numbered import NumberedCalls, link_numbered, numbered_keys, stored_sightings
 from tracemill.spans import SpanRecord
 from tracemill.store.bulk import BulkInsert
 from tracemill.store.engine import insert_ignoring_duplicates
@@ -205,7 +205,7 @@ class SpanWriter:
         kept row that another trace showed too, that trace's (trace, call id), where its execution may be. Each row
         gets its `twin_key` (`same_call.recent_key`)."""
         owners = _stored_owners(conn, first_span) if first_span else {}
-        numbered = _NumberedCalls(_numbered_owners(conn, rows))
+        numbered = NumberedCalls(stored_sightings(conn, rows))
         recent_calls = self._recent_calls
         # the twins neither this batch nor this writer's recent calls know of, looked for in the store at once
         unknown: set[tuple[Any, ...]] = set()
@@ -513,76 +513,6 @@ def _link_stored_by_content(conn: Connection, executions: list[dict[str, Any]]) 
             updates.append(same_call.execution_params(call.id, execution))
     if updates:
         conn.execute(same_call.SET_EXECUTION, updates)
-
-
-class _Sighting(NamedTuple):
-    """A stored row of a numbered call id, with its span's times."""
-
-    span_id: str
-    call_index: int
-    start_time_ns: int
-    end_time_ns: int
-
-
-def _numbered_owners(conn: Connection, rows: list[dict[str, Any]]) -> dict[tuple[Any, ...], list[_Sighting]]:
-    """`same_call.numbered_key` -> the stored rows with that key, for the numbered ids of these rows."""
-    numbered = {(r["trace_id"], r["tool_call_id"]) for r in rows if r["tool_call_id"] and
-                same_call.numbered(r["tool_call_id"])}
-    if not numbered:
-        return {}
-    sqlite = conn.dialect.name == "sqlite"
-    stored = conn.execute(_NUMBERED_OWNERS[sqlite], same_call.listed_params(
-        sqlite, trace_id={t for t, _ in numbered}, tool_call_id={c for _, c in numbered}))
-    found: dict[tuple[Any, ...], list[_Sighting]] = {}
-    for r in stored:
-        found.setdefault(same_call.numbered_key(r._mapping), []).append(
-            _Sighting(r.span_id, r.call_index, r.start_time_ns, r.end_time_ns))
-    return found
-
-
-_NUMBERED_OWNERS = {
-    sqlite: select(_CALLS.c.trace_id, _CALLS.c.tool_call_id, _CALLS.c.name, _CALLS.c.arguments, _CALLS.c.raw,
-                   _CALLS.c.span_id, _CALLS.c.call_index, _SPANS.c.start_time_ns, _SPANS.c.end_time_ns)
-    .join(_SPANS, and_(_SPANS.c.trace_id == _CALLS.c.trace_id, _SPANS.c.span_id == _CALLS.c.span_id))
-    .where(same_call.one_of(_CALLS.c.trace_id, sqlite), same_call.one_of(_CALLS.c.tool_call_id, sqlite))
-    .order_by(_CALLS.c.id)
-    for sqlite in (True, False)
-}
-
-
-class _NumberedCalls:
-    """The calls of numbered ids a request's rows are sightings of. Two sightings with one numbered id and the same
-    content are one call when their spans overlap in time (a chain span around the model call that made it, a second
-    instrumentation of that call); the same call sent again in a later turn, after its tool failed, is a call of its
-    own. A span's sightings are each another call: of several calls it shows with one content, each takes its own."""
-
-    def __init__(self, stored: dict[tuple[Any, ...], list[_Sighting]]) -> None:
-        self.stored = stored
-        self.kept: dict[tuple[Any, ...], list[dict[str, Any]]] = {}  # this request's rows with each key, kept
-        self.taken: set[tuple[str, int]] = set()  # (span of a sighting, id of the call it was taken as)
-
-    def sighting(self, row: dict[str, Any]) -> tuple[dict[str, Any] | None, _Sighting | None]:
-        """The kept row of this request, else the stored row, that `row` is a sighting of; (None, None) for a call not
-        seen before, which is kept."""
-        key = same_call.numbered_key(row)
-        for kept in self.kept.get(key, ()):
-            if self._takes(row, kept, kept["start_time_ns"], kept["end_time_ns"]):
-                return kept, None
-        stored = self.stored.get(key, [])
-        if all(s.span_id != row["span_id"] for s in stored):  # else the span sent again: its own row
-            for sighting in stored:
-                if self._takes(row, sighting, sighting.start_time_ns, sighting.end_time_ns):
-                    return None, sighting
-        self.kept.setdefault(key, []).append(row)
-        self.taken.add((row["span_id"], id(row)))
-        return None, None
-
-    def _takes(self, row: dict[str, Any], call: Any, start: int, end: int) -> bool:
-        overlap = start <= row["end_time_ns"] and row["start_time_ns"] <= end
-        if not overlap or (row["span_id"], id(call)) in self.taken:
-            return False
-        self.taken.add((row["span_id"], id(call)))
-        return True
 
 
 def _stored_owners(conn: Connection, first_span: dict[tuple[str, str], str]) -> dict[tuple[str, str], tuple[str, int]]:
