@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from sqlalchemy import select
@@ -56,6 +57,15 @@ def _write(engine, writer: SpanWriter, spans, service: str = "test-agent") -> No
     with engine.begin() as conn:
         writer.write(conn, batch)
     writer.committed()
+
+
+def _write_in_orders(engine, writer: SpanWriter, spans: Callable[[str], dict[str, Span]],  # type: ignore[no-untyped-def]
+                     orders: list[list[list[str]]]) -> None:
+    """Each order (batches of span names) written in a trace of its own, a batch a request."""
+    for n, batches in enumerate(orders):
+        made = spans(f"{n + 1:032x}")
+        for batch in batches:
+            _write(engine, writer, [made[name] for name in batch])
 
 
 def test_one_call_seen_by_a_chain_span_another_trace_and_a_tool_span_is_one_full_row(db_url: str) -> None:
@@ -168,10 +178,7 @@ def test_a_numbered_call_id_s_execution_goes_to_the_call_made_last_before_it_ran
     orders = [[["refused", "retry", "ran"]], [["refused", "retry"], ["ran"]], [["refused"], ["retry", "ran"]],
               [["ran"], ["refused", "retry"]], [["ran"], ["retry"], ["refused"]], [["retry"], ["ran"], ["refused"]],
               [["refused", "retry", "ran", "again"]], [["again"], ["refused"], ["ran", "retry"]]]
-    for n, batches in enumerate(orders):
-        made = spans(f"{n + 1:032x}")
-        for batch in batches:
-            _write(engine, writer, [made[name] for name in batch])
+    _write_in_orders(engine, writer, spans, orders)
     with engine.connect() as conn:
         rows = conn.execute(select(ToolCallRow.trace_id, ToolCallRow.arguments, ToolCallRow.execution_result)
                             .order_by(ToolCallRow.trace_id, ToolCallRow.start_time_ns)).all()
@@ -212,10 +219,7 @@ def test_the_same_call_sent_again_under_a_numbered_id_after_its_tool_failed_is_a
 
     orders = [[["first", "failed", "again", "chain", "ran"]], [["first"], ["failed"], ["again", "chain"], ["ran"]],
               [["ran"], ["chain"], ["again"], ["failed"], ["first"]], [["again", "ran"], ["first", "failed", "chain"]]]
-    for n, batches in enumerate(orders):
-        made = spans(f"{n + 1:032x}")
-        for batch in batches:
-            _write(engine, writer, [made[name] for name in batch])
+    _write_in_orders(engine, writer, spans, orders)
     with engine.connect() as conn:
         rows = conn.execute(select(ToolCallRow.trace_id, ToolCallRow.execution_status, ToolCallRow.execution_result)
                             .order_by(ToolCallRow.trace_id, ToolCallRow.start_time_ns)).all()
