@@ -82,7 +82,12 @@ def test_the_demo_runs_the_whole_loop_and_prints_the_stores_figures(tmp_path):
         assert f"the sidecar serves {candidate}" in out
         assert phases[2]["revised"] == 0 or f"tracemill-reviser:{candidate}" in revisers
     else:
-        assert summary["deployed"] is None and deployments == [] and cycle["gate"]["reason"].startswith("refused")
+        assert summary["deployed"] is None and deployments == []
+        # refused on measured figures; or, where no trace of the few mined fell in eval (the split is by a hash of
+        # trace ids the SDK draws at random: about one run in 250 at this size), refused for want of held-out rows
+        card = json.loads(next(folder.glob("cycles/*/dataset/dataset.json")).read_text())
+        reason = cycle["gate"]["reason"]
+        assert reason.startswith("refused") or (card["splits"]["eval"]["rows"] == 0 and "split is empty" in reason)
         assert f"the gate refused {candidate}" in out
         assert phases[2]["served_by"] == f"sidecar: rules ({candidate} refused)"
     assert _left_behind(folder) == []
