@@ -182,7 +182,7 @@ class SpanWriter:
         self._insert_spans.execute_params(conn, batch.span_params)
         self._insert_calls.execute(conn, calls)
         # An execution whose call is not in this batch may belong to a call stored earlier.
-        links = [{"t": r["trace_id"], "c": r["tool_call_id"], "s": "success" if r["ok"] else "error",
+        links = [{"t": r["trace_id"], "c": r["tool_call_id"], "s": same_call.execution_status(r["ok"]),
                   "e": r["error"], "r": r["result"], "x": r["span_id"]}
                  for r in batch.executions if r["tool_call_id"] and not same_call.numbered(r["tool_call_id"])
                  and (r["trace_id"], r["tool_call_id"]) not in linked]
@@ -535,7 +535,7 @@ def _service(span: SpanRecord) -> str | None:
 
 
 def _set_execution(row: dict[str, Any], span_id: str, ok: bool, error: str | None, result: str | None) -> None:
-    row.update(execution_status="success" if ok else "error", execution_error=error, execution_result=result,
+    row.update(execution_status=same_call.execution_status(ok), execution_error=error, execution_result=result,
                execution_span_id=span_id)
 
 

@@ -168,11 +168,16 @@ SET_EXECUTION = (
 )
 
 
+def execution_status(ok: bool) -> str:
+    """`tool_calls.execution_status` of a call whose execution ended so."""
+    return "success" if ok else "error"
+
+
 def execution_params(call_id: int, execution: Mapping[str, Any] | None) -> dict[str, Any]:
     """`SET_EXECUTION`'s parameters: the execution row's (`ok`, `error`, `result`, `span_id`), or none."""
     if execution is None:
         return {"i": call_id, "s": None, "e": None, "r": None, "x": None}
-    return {"i": call_id, "s": "success" if execution["ok"] else "error", "e": execution["error"],
+    return {"i": call_id, "s": execution_status(execution["ok"]), "e": execution["error"],
             "r": execution["result"], "x": execution["span_id"]}
 
 
