@@ -24,10 +24,10 @@ from tracemill.store.tables import LogEventRow
 
 _MODEL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
 _CHOICE = "gen_ai.choice"
-# one statement for all of a request's traces, each locked in the order of their ids (PostgreSQL evaluates a volatile
+# one statement for all of a request's keys, each locked in the order of the keys (PostgreSQL evaluates a volatile
 # output expression after the sort)
-_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended(t, 4318)) FROM unnest(CAST(:traces AS text[])) AS t "
-             "ORDER BY t")
+_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended(k, 4318)) FROM unnest(CAST(:keys AS text[])) AS k "
+             "ORDER BY k")
 
 Key = tuple[str, str]  # (trace id, span id)
 
@@ -64,12 +64,20 @@ def _choice_index(body: dict[str, Any]) -> int:
 
 
 def lock_traces(conn: Connection, dialect: str, trace_ids: Iterable[str]) -> None:
-    """On PostgreSQL, a transaction lock per trace, taken in one order by every writer (no deadlock between them).
-    SQLite needs none: its writers take turns for the whole store (BEGIN IMMEDIATE)."""
+    """On PostgreSQL, a transaction lock per trace, taken in one order by every writer. SQLite needs none: its writers
+    take turns for the whole store (BEGIN IMMEDIATE). A writer locks its traces once, before any other key
+    (`lock_keys`)."""
+    lock_keys(conn, dialect, trace_ids)
+
+
+def lock_keys(conn: Connection, dialect: str, keys: Iterable[str]) -> None:
+    """On PostgreSQL, a transaction lock per key, all taken in one statement in the keys' order. Writers take their
+    trace locks first and any other keys after, each kind once a transaction: every writer locks in one order, so
+    none waits for another that waits for it."""
     if dialect == "postgresql":
-        traces = sorted(set(trace_ids))
-        if traces:
-            conn.execute(_LOCK, {"traces": traces})
+        ordered = sorted(set(keys))
+        if ordered:
+            conn.execute(_LOCK, {"keys": ordered})
 
 
 def stored_events(conn: Connection, keys: set[Key]) -> dict[Key, list[LogEvent]]:

@@ -19,6 +19,7 @@ names the same tool with the same arguments (`same_arguments`)."""
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -26,6 +27,7 @@ from typing import Any
 import orjson
 from sqlalchemy import ARRAY, Connection, Text, and_, any_, bindparam, case, func, or_, select, update
 
+from tracemill.collector.joins import lock_keys
 from tracemill.store.engine import json_text
 from tracemill.store.tables import SpanRow, ToolCallRow
 
@@ -84,10 +86,14 @@ def recent_key(row: Mapping[str, Any]) -> tuple[Any, ...] | None:
 def stored_twins(conn: Connection, call_ids: set[str], response_ids: set[str]) -> dict[tuple[Any, ...],
                                                                                         tuple[str, str, int]]:
     """`recent_key` -> (trace, span, call index) of the first stored row with one of these tool call ids, or
-    (written as text) response ids, whichever process stored it; its service is its span's."""
+    (written as text) response ids, whichever process stored it; its service is its span's. On PostgreSQL, a writer
+    storing one of these ids at the same moment (the same call exported from two traces, to two ingest processes)
+    commits first: its row is found, and the two do not both keep one."""
     found: dict[tuple[Any, ...], tuple[str, str, int]] = {}
     if not call_ids and not response_ids:
         return found
+    lock_keys(conn, conn.dialect.name, itertools.chain((f"call {c}" for c in call_ids),
+                                                       (f"response {r}" for r in response_ids)))
     sqlite = conn.dialect.name == "sqlite"
     lists = listed_params(sqlite, tool_call_id=call_ids, response_id=response_ids)
     for row in conn.execute(_STORED_TWINS[sqlite], lists):

@@ -228,10 +228,38 @@ def test_the_same_call_sent_again_under_a_numbered_id_after_its_tool_failed_is_a
         ("error", None), ("success", "rain in Oslo")] * len(orders)
 
 
+def _written_at_once(engine, first: list[Span], second: list[Span]) -> None:  # type: ignore[no-untyped-def]
+    """Two ingest processes on PostgreSQL writing at the same moment: the first writes and holds its transaction open
+    while the second writes (neither sees the other's uncommitted rows), then the first commits."""
+    writers = [SpanWriter(engine.dialect), SpanWriter(engine.dialect)]
+    batches = [w.prepare(decode_protobuf(export_request(spans), Limits(1 << 20)).spans)
+               for w, spans in zip(writers, (first, second), strict=True)]
+    conn = engine.connect()
+    transaction = conn.begin()
+    writers[0].write(conn, batches[0])  # not committed yet
+
+    def write(writer: SpanWriter, batch: Prepared) -> None:
+        with engine.begin() as other:
+            writer.write(other, batch)
+
+    meanwhile = threading.Thread(target=write, args=(writers[1], batches[1]))
+    meanwhile.start()
+    meanwhile.join(1.0)  # time for the second writer to do all it would without waiting
+    transaction.commit()
+    conn.close()
+    meanwhile.join()
+
+
+def _emptied(engine) -> None:  # type: ignore[no-untyped-def]
+    with engine.begin() as conn:
+        for table in (ToolCallRow, ToolExecutionRow, SpanRow):
+            conn.execute(table.__table__.delete())
+
+
 def test_a_call_and_its_execution_written_at_once_by_two_ingest_processes_are_linked(postgres_url: str) -> None:
     """Two ingest processes on PostgreSQL, one writing the agent's call and the other, at the same moment, its
-    execution (a second exporter: the tool server's). Neither transaction sees the other's uncommitted row; the second
-    to write waits for the first's commit (a lock per trace), so that whichever commits last links the two."""
+    execution (a second exporter: the tool server's). The second to write waits for the first's commit (a lock per
+    trace), so that whichever commits last links the two."""
     engine = make_engine(postgres_url)
     upgrade(engine)
     trace, call_id = "a1" * 16, "call_Xk2pQ9rT"
@@ -241,29 +269,31 @@ def test_a_call_and_its_execution_written_at_once_by_two_ingest_processes_are_li
         "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "get_weather", "gen_ai.tool.call.id": call_id,
         "gen_ai.tool.call.result": "rain in Oslo"}, parent="01" * 8)
     for first, second in ((chat, ran), (ran, chat)):
-        with engine.begin() as conn:
-            conn.execute(ToolCallRow.__table__.delete())
-            conn.execute(ToolExecutionRow.__table__.delete())
-            conn.execute(SpanRow.__table__.delete())
-        writers = [SpanWriter(engine.dialect), SpanWriter(engine.dialect)]
-        batches = [w.prepare(decode_protobuf(export_request([s]), Limits(1 << 20)).spans)
-                   for w, s in zip(writers, (first, second), strict=True)]
-        conn = engine.connect()
-        transaction = conn.begin()
-        writers[0].write(conn, batches[0])  # not committed yet
-
-        def write(writer: SpanWriter, batch: Prepared) -> None:
-            with engine.begin() as other:
-                writer.write(other, batch)
-
-        meanwhile = threading.Thread(target=write, args=(writers[1], batches[1]))
-        meanwhile.start()
-        meanwhile.join(1.0)  # time for the second writer to do all it would without waiting
-        transaction.commit()
-        conn.close()
-        meanwhile.join()
+        _emptied(engine)
+        _written_at_once(engine, [first], [second])
         with engine.connect() as check:
             assert check.execute(select(ToolCallRow.execution_result)).scalars().all() == ["rain in Oslo"]
+    engine.dispose()
+
+
+def test_one_call_exported_from_two_traces_to_two_ingest_processes_at_once_is_one_row(postgres_url: str) -> None:
+    """One call seen by two instrumentations of an agent whose spans start traces of their own, exported at the same
+    moment to two ingest processes on PostgreSQL: neither sees the other's row uncommitted, and the second to write
+    waits for the first's commit (a lock per call id), so that one row is kept; likewise a call written as text, by
+    its response id."""
+    engine = make_engine(postgres_url)
+    upgrade(engine)
+    by_id = [{"id": "call_Xk2pQ9rT", "name": "get_weather", "arguments": {"city": "Oslo"}}]
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    as_text = {**chat_attributes([]), "gen_ai.response.id": "chatcmpl-9fQx2LmN4rT7vWc1",
+               "gen_ai.output.messages": json.dumps([{"role": "assistant",
+                                                      "parts": [{"type": "text", "content": text}]}])}
+    for attributes in (chat_attributes(by_id), as_text):
+        _emptied(engine)
+        _written_at_once(engine, [make_span("a1" * 16, "01" * 8, "chat", attributes)],
+                         [make_span("b2" * 16, "02" * 8, "ChatCompletion", attributes)])
+        with engine.connect() as check:
+            assert check.execute(select(ToolCallRow.trace_id)).scalars().all() == ["a1" * 16]
     engine.dispose()
 
 
