@@ -35,7 +35,9 @@ reference_margin = {margin}
 schema_margin = {margin}
 
 [mine]
-eval_share = 0.2
+# phase 1 runs each episode twice (without and with the sidecar): most prompts come twice, and eval keeps only those
+# train does not have. Half the traces in eval leaves the gate its 30 held-out cases (min_held_out_cases)
+eval_share = 0.5
 max_tools = 1
 budget_tokens = 48
 

@@ -188,14 +188,15 @@ class Demo:
         from tracemill.rates import percent
 
         gate, candidate = self.cycle["gate"], self.candidate
-        shown = Table(title=f"the cycle's gate: {candidate} beside {self.cycle['baseline']} (active) on the same "
-                            "held-out cases")
-        for column in ("check", "suite", candidate, self.cycle["baseline"], "needed", "passed"):
-            shown.add_column(column)
-        for check in gate.get("checks") or ():
-            shown.add_row(check["name"].replace("_", " "), check["suite"], percent(check["candidate"]),
-                          percent(check["baseline"]), check["needed"], "yes" if check["passed"] else "[bold]no[/]")
-        self.console.print(shown)
+        if gate.get("checks"):  # none where it refused before measuring (too few held-out cases)
+            shown = Table(title=f"the cycle's gate: {candidate} beside {self.cycle['baseline']} (active) on the same "
+                                "held-out cases")
+            for column in ("check", "suite", candidate, self.cycle["baseline"], "needed", "passed"):
+                shown.add_column(column)
+            for check in gate["checks"]:
+                shown.add_row(check["name"].replace("_", " "), check["suite"], percent(check["candidate"]),
+                              percent(check["baseline"]), check["needed"], "yes" if check["passed"] else "[bold]no[/]")
+            self.console.print(shown)
         if not self.cycle["deployed"]:
             self.console.print(f"[bold]the gate refused {candidate}[/]: {gate.get('reason')}. The sidecar keeps "
                                f"{self.cycle['baseline']}.")
