@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import orjson
@@ -57,22 +58,32 @@ class Adapters:
                                "VLLM_ALLOW_RUNTIME_LORA_UPDATING=true")
         return reply
 
-    async def loaded(self) -> set[str]:
+    async def _models(self) -> list[dict[str, Any]]:
+        """`GET /v1/models`: the base model (its `root`: the weights vLLM loaded) and the adapters (with a `parent`)."""
         reply = await self._ask("GET", "models")
         try:
             models = orjson.loads(reply.text)["data"] if reply.status == 200 else None
-            return {m["id"] for m in models if isinstance(m, dict) and "id" in m}
+            return [m for m in models if isinstance(m, dict) and "id" in m]
         except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
             raise AdapterError(f"{self.base_url}/models: cannot list the models ({reply.status}: {exc})") from None
 
     async def load(self, version: Version) -> str:
-        """Load a version's adapter unless the server has it already; its name."""
+        """Load a version's adapter unless the server has it already; its name. An adapter is loaded only into the
+        base model it was trained on (`Version.base_model`, a warm-up's checkpoint where the run had one): on
+        other weights of the same shape vLLM would load it and serve what no evaluation measured."""
         name = adapter_name(version)
         if version.kind != "lora":
             raise AdapterError(f"{version.name} is a {version.kind or 'non-LoRA'} model: only LoRA adapters can be "
                                "loaded into a running vLLM (serve it on its own and use --reviser endpoint:URL)")
-        if name in await self.loaded():
+        models = await self._models()
+        if name in {m["id"] for m in models}:
             return name
+        bases = [m for m in models if not m.get("parent")]
+        if version.base_model and bases and not any(version.base_model in (m["id"], m.get("root")) for m in bases):
+            served = ", ".join(str(m.get("root") or m["id"]) for m in bases)
+            raise AdapterError(f"{version.name} is a LoRA adapter of {version.base_model}, and the vLLM at "
+                               f"{self.base_url} serves {served}: start vLLM with that base model (the same weights "
+                               f"under another name: add --served-model-name '{version.base_model}')")
         reply = await self._post("load_lora_adapter", {"lora_name": name, "lora_path": version.path})
         if reply.status != 200:
             raise AdapterError(f"loading {name} from {version.path}: {reply.status} {reply.text[:300]}")

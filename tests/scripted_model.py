@@ -63,6 +63,7 @@ class ScriptedModel:
     """Answers each request with the reply scripted for its last user message."""
 
     model: str = "scripted-llama"
+    weights: str = "tiny-qwen"  # the base model a vLLM server loaded (its `root` in /v1/models)
     replies: dict[str, Reply] = field(default_factory=dict)
     after_tool: Reply | None = None  # the answer to a request whose last message is a tool result (an agent's loop)
     reviser_answers: dict[str, str] = field(default_factory=dict)  # adapter name -> what the reviser answers
@@ -93,7 +94,7 @@ class ScriptedModel:
             "cookies": request.headers.getlist("cookie")}))
 
     async def models(self, request: Request) -> Response:
-        data = [{"id": self.model, "object": "model", "owned_by": "scripted"}]
+        data = [{"id": self.model, "object": "model", "owned_by": "scripted", "root": self.weights, "parent": None}]
         data += [{"id": name, "object": "model", "parent": self.model, "root": path}
                  for name, path in self.loaded.items()]
         return JSONResponse({"object": "list", "data": data})

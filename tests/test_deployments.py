@@ -17,12 +17,12 @@ from tracemill.store.migrate import upgrade
 from tracemill.store.tables import DeploymentRow, ModelRow
 
 
-def add_models(db_url: str, *names: str, kind: str = "lora") -> None:
+def add_models(db_url: str, *names: str, kind: str = "lora", base: str = "tiny-qwen") -> None:
     engine = make_engine(db_url)
     upgrade(engine)
     with Session(engine) as session:
         for name in names:
-            session.add(ModelRow(name=name, base_model="tiny-qwen", kind=kind, path=f"/adapters/{name}",
+            session.add(ModelRow(name=name, base_model=base, kind=kind, path=f"/adapters/{name}",
                                  config={"prompt_settings": {"max_tools": 3}}, metrics={},
                                  evaluation={"reference_match": 0.9, "valid_changed": 0.0}))
         session.commit()

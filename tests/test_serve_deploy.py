@@ -166,6 +166,13 @@ def test_a_version_that_cannot_load_leaves_the_previous_one_serving(vllm, tmp_pa
     wait_for(lambda: httpx.get(proxy.url + "/healthz").json()["deployment_error"] is not None, "the error")
     health = httpx.get(proxy.url + "/healthz").json()
     assert health["version"] == "reviser-a" and "only LoRA adapters" in health["deployment_error"]
+    add_models(db, "reviser-8b", base="Qwen/Qwen3-8B")  # trained on other weights than those vLLM serves
+    tracemill("deploy", "reviser-8b", "--db", db)
+    wait_for(lambda: "Qwen/Qwen3-8B" in (httpx.get(proxy.url + "/healthz").json()["deployment_error"] or ""),
+             "the error")
+    health = httpx.get(proxy.url + "/healthz").json()
+    assert health["version"] == "reviser-a" and "serves tiny-qwen" in health["deployment_error"]
+    assert "tracemill-reviser-8b" not in scripted.loaded
     scripted.loaded.clear()  # vLLM restarted without the adapter: the model reviser fails, the rules' answer stands
     client = OpenAI(base_url=proxy.url + "/v1", api_key="k", max_retries=0)
     assert _ask(client) == ("reviser-a", None)
