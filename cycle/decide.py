@@ -78,7 +78,11 @@ def harness_verdict(rates: list[HarnessRate], settings: Decision) -> tuple[bool,
                    f"({_shown(window)})")
 
 
-def decide(engine: Engine, new_failures: int, settings: Decision, force: bool = False) -> TrainDecision:
+def decide(engine: Engine, new_failures: int, settings: Decision, force: bool = False, held_out_rows: int = 0,
+           held_out_needed: int = 0) -> TrainDecision:
+    """`held_out_rows`: the eval rows mined, of which the gate needs `held_out_needed`. Short of them, a model trained
+    now would be refused without being measured, and the calls it read would be spent: the cycle waits instead, and
+    the next one reads them again with what came since."""
     with engine.connect() as conn:
         rates = harness_rates(conn)
     pays, why = harness_verdict(rates, settings)
@@ -95,4 +99,7 @@ def decide(engine: Engine, new_failures: int, settings: Decision, force: bool = 
         return TrainDecision(HARNESS, f"{why}; fix the top failure modes in the harness first; {failures}", rates, top)
     if not enough:
         return TrainDecision(WAIT, f"{why}; {failures}: waiting for more", rates)
+    if held_out_rows < held_out_needed:
+        return TrainDecision(WAIT, f"{why}; {failures}; {held_out_rows} held-out row(s) mined, fewer than the "
+                             f"{held_out_needed} the gate needs (min_held_out_cases): waiting for more", rates)
     return TrainDecision(TRAIN, f"{why}; {failures}", rates)

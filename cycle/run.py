@@ -117,7 +117,8 @@ class _Cycle:
         self.enter(Step.DECIDE, f"{calls} new calls, {failures} failed; mined {splits['train']['rows']} train and "
                    f"{splits['eval']['rows']} held-out rows", last_call_id=last, new_calls=calls,
                    new_failures=failures, dataset_id=exported.dataset_id)
-        decision = decide(self.engine, failures, s.decision, s.force)
+        decision = decide(self.engine, failures, s.decision, s.force, held_out_rows=splits["eval"]["rows"],
+                          held_out_needed=s.gate.min_held_out_cases)
         record.write(self.engine, self.id, decision=decision.decision, reason=decision.reason,
                      harness_rates=[r.to_dict() for r in decision.rates], top_modes=decision.top_modes)
         self.say(f"decide: {decision.decision}: {decision.reason}")

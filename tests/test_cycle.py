@@ -19,7 +19,7 @@ from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from tracemill.cli import main
-from tracemill.cycle import CycleBusy, CycleError, CycleSettings, Decision, Gate, run_cycle
+from tracemill.cycle import CycleBusy, CycleError, CycleSettings, Decision, Gate, Mining, run_cycle
 from tracemill.cycle.decide import decide, harness_rates
 from tracemill.cycle.gate import judge
 from tracemill.cycle.lock import LockBusy, StoreLock
@@ -174,6 +174,14 @@ def plateau(tmp_path_factory):
     return {"folder": folder, "db": db, "first": first, "second": second}
 
 
+def held_out_rows(db: str, dataset_id: int) -> int:
+    engine = open_store(db)
+    with engine.connect() as conn:
+        card = conn.execute(select(DatasetRow.card).where(DatasetRow.id == dataset_id)).scalar_one()
+    engine.dispose()
+    return card["splits"]["eval"]["rows"]
+
+
 def copy_store(db: str, folder: Path) -> str:
     """A copy of a SQLite store (the online backup: the WAL's pages included)."""
     source, target = sqlite3.connect(db.removeprefix("sqlite:///")), sqlite3.connect(folder / "copy.db")
@@ -215,9 +223,29 @@ def test_harness_tuning_still_pays_then_plateaus_and_the_decision_follows(platea
 def test_calls_that_name_no_harness_version_leave_the_decision_to_the_failures(sqlite_url):
     engine = open_store(sqlite_url)
     enough, short = decide(engine, 5, Decision(min_new_failures=5)), decide(engine, 4, Decision(min_new_failures=5))
+    measurable = decide(engine, 5, Decision(min_new_failures=5), held_out_rows=30, held_out_needed=30)
+    unmeasurable = decide(engine, 5, Decision(min_new_failures=5), held_out_rows=29, held_out_needed=30)
     engine.dispose()
     assert enough.decision == "train" and "harness tuning cannot be judged" in enough.reason
     assert short.decision == "wait" and "4 new failed call(s)" in short.reason
+    assert measurable.decision == "train"
+    assert unmeasurable.decision == "wait" and "29 held-out row(s) mined, fewer than the 30" in unmeasurable.reason
+
+
+def test_a_cycle_waits_for_the_held_out_rows_its_gate_needs_and_the_next_one_reads_its_calls_again(plateau, tmp_path):
+    """Enough new failures and a harness that stopped paying, but too few held-out rows for the gate to measure a
+    candidate on: the cycle trains nothing (a model it trained would be refused unmeasured, its calls spent), and the
+    next cycle reads the same calls again."""
+    db = copy_store(plateau["db"], tmp_path)
+    settings = CycleSettings(store=db, work=tmp_path / "cycles", base_model="unused",
+                             decision=Decision(min_new_failures=10, plateau_window=3, plateau_tolerance=0.01),
+                             mining=Mining(eval_share=0.02), gate=Gate(min_held_out_cases=30))
+    first = run_cycle(settings)
+    again = run_cycle(settings)
+    held_out = held_out_rows(db, first.dataset_id)
+    assert first.decision == "wait" and first.model_id is None and held_out < 30
+    assert "stopped paying" in first.reason and f"{held_out} held-out row(s) mined, fewer than the 30" in first.reason
+    assert (again.decision, again.since_call_id, again.new_calls) == ("wait", None, first.new_calls)
 
 
 def test_the_gate_refuses_a_worse_reviser_on_the_same_held_out_cases(plateau):
