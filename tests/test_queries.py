@@ -161,6 +161,44 @@ def test_a_reader_leaves_a_tools_result_unread_when_asked(db_url: str) -> None:
     engine.dispose()
 
 
+def test_the_sidecar_s_record_of_an_answer_and_what_the_agent_got_are_told_apart_by_service(db_url: str,
+                                                                                              tmp_path) -> None:
+    """With the reviser sidecar in front of the model, the store holds the model's answer as sent (the sidecar's
+    service, `tracemill-serve`) and the call the agent got once it was revised (the agent's service): `--service`
+    reads either, in stats as in an export, and a service no span has is named."""
+    engine = make_engine(db_url)
+    upgrade(engine)
+    writer = SpanWriter(engine.dialect)
+    sent = chat_attributes([{"id": "call_Xk2pQ9rT", "name": "get_weather", "arguments": {"city": 7}}])
+    got = chat_attributes([{"id": "call_Xk2pQ9rT", "name": "get_weather", "arguments": {"city": "7"}}])
+    for trace, attributes, service in (("a1" * 16, sent, "tracemill-serve"), ("b2" * 16, got, "weather-agent")):
+        body = export_request([make_span(trace, "01" * 8, "chat", attributes)], {"service.name": service})
+        with engine.begin() as conn:
+            writer.write(conn, writer.prepare(decode_protobuf(body, Limits(1 << 20)).spans))
+        writer.committed()
+    engine.dispose()
+
+    def stats(*args: str) -> dict:  # type: ignore[type-arg]
+        result = CliRunner().invoke(main, ["stats", "--db", db_url, "--json", *args])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)
+
+    assert stats()["total_calls"] == 2
+    assert (stats("--service", "tracemill-serve")["total_calls"],
+            stats("--service", "tracemill-serve")["input_schema_compliance"]) == (1, 0.0)
+    assert (stats("--service", "weather-agent")["total_calls"],
+            stats("--service", "weather-agent")["input_schema_compliance"]) == (1, 1.0)
+    mined = CliRunner().invoke(main, ["mine", "--db", db_url, "--out", str(tmp_path / "sent"), "--service",
+                                      "tracemill-serve", "--valid-share", "0"])
+    assert mined.exit_code == 0, mined.output
+    rows = [json.loads(line) for split in ("train", "eval")
+            for line in (tmp_path / "sent" / f"{split}.jsonl").read_text().splitlines()]
+    assert [(r["trace_id"], r["failure_class"]) for r in rows] == [("a1" * 16, "schema:wrong_type")]
+    unknown = CliRunner().invoke(main, ["failures", "--db", db_url, "--service", "weather-agnt"])
+    assert unknown.exit_code == 1
+    assert "no stored call has service 'weather-agnt'; known: tracemill-serve, weather-agent" in unknown.output
+
+
 def test_a_filter_value_no_call_has_is_named(db_url: str) -> None:
     engine = _store(db_url)
     with engine.connect() as conn, pytest.raises(queries.FilterError, match="model 'llama-3.1-8b'.*llama3.1-8b"):

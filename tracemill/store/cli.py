@@ -93,16 +93,18 @@ DATE = UTCDateTime()
 
 
 def call_filter_options(func):  # type: ignore[no-untyped-def]
-    """--model, --harness, --domain, --tool: which stored calls a command reads, passed on as `where` (a CallFilter)
-    with anything the command adds later (dates, ids)."""
+    """--model, --harness, --domain, --tool, --service: which stored calls a command reads, passed on as `where` (a
+    CallFilter) with anything the command adds later (dates, ids)."""
     from tracemill.store.queries import CallFilter
 
     @functools.wraps(func)
     def wrapper(*args: Any, model: str | None, harness: str | None, domain: str | None, tool: str | None,
-                **kwargs: Any) -> Any:
-        return func(*args, where=CallFilter(model=model, harness_version=harness, domain=domain, tool=tool), **kwargs)
+                service: str | None, **kwargs: Any) -> Any:
+        return func(*args, where=CallFilter(model=model, harness_version=harness, domain=domain, tool=tool,
+                                            service=service), **kwargs)
 
-    for name, what in (("tool", "tool name"), ("domain", "domain (medical, legal, ...)"),
+    sidecar = "service (the agent's; tracemill-serve: the reviser sidecar's record of the model's answers)"
+    for name, what in (("service", sidecar), ("tool", "tool name"), ("domain", "domain (medical, legal, ...)"),
                        ("harness", "harness version"), ("model", "model")):
         wrapper = click.option(f"--{name}", default=None, help=f"Only calls with this {what}.")(wrapper)
     return wrapper
