@@ -23,7 +23,7 @@ from tracemill.store.tables import ModelRow, ReviewQueueRow, ToolCallRow, utcnow
 from tracemill.ui import decide, deploy, users
 from tracemill.ui.access import Identity, NotAllowed, Role
 
-from support import CHAT_WITHOUT_OUTPUT, CollectorProcess, export_request, logs_request, make_span
+from support import CHAT_WITHOUT_OUTPUT, CollectorProcess, chat_attributes, export_request, logs_request, make_span
 
 APP = Path(__file__).resolve().parents[1] / "ui" / "app.py"
 PAGES = ("traces", "failures", "review", "datasets", "models")
@@ -265,5 +265,43 @@ def test_a_span_whose_messages_came_as_log_events_shows_them(tmp_path: Path, mon
         assert [t.label for t in at.tabs][2] == "Events (2)"
         assert "gen_ai.user.message** · log event" in _texts(at)
         assert any("Weather in Oslo tonight?" in json.dumps(j.value) for j in at.json)
+    finally:
+        get_settings.cache_clear()
+
+
+def test_failure_modes_read_one_service_s_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Behind the reviser sidecar each answer is stored twice: the model's answer as sent (the sidecar's service) and
+    the call the agent got once it was revised (the agent's). The failure-modes page counts either."""
+    from streamlit.testing.v1 import AppTest
+
+    url = f"sqlite:///{tmp_path / 'services.db'}"
+    sent = chat_attributes([{"id": "call_Xk2pQ9rT", "name": "get_weather", "arguments": {"city": 7}}])
+    got = chat_attributes([{"id": "call_Xk2pQ9rT", "name": "get_weather", "arguments": {"city": "7"}}])
+    collector = CollectorProcess(url, tmp_path).start()
+    try:
+        for trace, attributes, service in (("a1" * 16, sent, "tracemill-serve"), ("b2" * 16, got, "weather-agent")):
+            body = export_request([make_span(trace, "01" * 8, "chat", attributes)], {"service.name": service})
+            answer = httpx.post(f"{collector.url}/v1/traces", content=body,
+                                headers={"Content-Type": "application/x-protobuf"})
+            assert answer.status_code == 200, answer.text
+    finally:
+        collector.stop()
+    users.add_user(make_engine(url), "vic", Role.VIEWER, PASSWORD)
+    monkeypatch.setenv("TRACEMILL_DATABASE_URL", url)
+    get_settings.cache_clear()
+    try:
+        at = AppTest.from_file(str(APP), default_timeout=60).run()
+        at.text_input(key="sign_in_name").input("vic")
+        at.text_input(key="sign_in_password").input(PASSWORD)
+        at.button[0].click().run()
+        at.switch_page("pages/failures.py").run()
+        assert not at.exception, at.exception
+        assert [m.value for m in at.metric][:2] == ["2", "1"]
+        at.selectbox(key="failures_service").select("tracemill-serve").run()
+        assert [m.value for m in at.metric][:2] == ["1", "1"]
+        assert list(at.dataframe[-1].value["mode"]) == ["get_weather · schema · wrong_type · /arguments/city"]
+        at.selectbox(key="failures_service").select("weather-agent").run()
+        assert [m.value for m in at.metric][:2] == ["1", "0"]
+        assert [s.value for s in at.success] == ["No stored call failed."]
     finally:
         get_settings.cache_clear()

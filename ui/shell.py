@@ -14,6 +14,7 @@ import streamlit as st
 from sqlalchemy import Engine
 
 from tracemill.settings import Settings, get_settings
+from tracemill.store import traces
 from tracemill.store.engine import make_engine
 from tracemill.store.migrate import is_current
 from tracemill.ui import users
@@ -23,6 +24,7 @@ from tracemill.ui.style import CSS
 
 PAGES = Path(__file__).resolve().parent / "pages"
 IDENTITY = "tracemill.identity"
+ANY = "any"  # a filter's choice of no value
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +52,14 @@ class Kept:
 @st.cache_resource(show_spinner=False)
 def kept(store_key: str, name: str) -> Kept:
     return Kept()
+
+
+def facets(ctx: Context) -> traces.Facets:
+    """The values the pages' filters offer (models, tools, services, ...), brought up to date with the new calls."""
+    held = kept(ctx.store_key, "facets")
+    with held.lock, ctx.engine.connect() as conn:
+        held.value = traces.facets(conn, known=held.value)
+        return held.value
 
 
 @st.cache_resource(show_spinner=False)

@@ -10,20 +10,12 @@ from tracemill.store import queries, traces
 from tracemill.store.queries import CallFilter
 from tracemill.store.tables import utcnow
 from tracemill.store.traces import TraceFilter
-from tracemill.ui.shell import Context, context, kept
+from tracemill.ui.shell import ANY, Context, context, facets
 from tracemill.ui.trace_view import show_trace
 
-ANY = "any"
 RANGES = {"last hour": timedelta(hours=1), "last 24 hours": timedelta(days=1), "last 7 days": timedelta(days=7),
           "last 30 days": timedelta(days=30), "all time": None}
 PAGE = 50
-
-
-def _facets(ctx: Context) -> traces.Facets:
-    held = kept(ctx.store_key, "facets")
-    with held.lock, ctx.engine.connect() as conn:
-        held.value = traces.facets(conn, known=held.value)
-        return held.value
 
 
 def _choice(label: str, values: list[str], key: str) -> str | None:
@@ -32,7 +24,7 @@ def _choice(label: str, values: list[str], key: str) -> str | None:
 
 
 def _filters(ctx: Context) -> TraceFilter:
-    found = _facets(ctx)
+    found = facets(ctx)
     top = st.columns([1.1, 1, 1, 1, 1.4])
     with top[0]:
         span = st.selectbox("Received", list(RANGES), index=len(RANGES) - 1, key="f_range")
