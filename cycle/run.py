@@ -13,6 +13,8 @@ from __future__ import annotations
 import importlib.util
 import shutil
 from collections.abc import Callable
+from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,7 @@ from tracemill.cycle.lock import LockBusy, StoreLock
 from tracemill.cycle.record import CycleRecord, Status, Step
 from tracemill.cycle.settings import CycleSettings
 from tracemill.store.queries import CallFilter, committed_ids
-from tracemill.store.tables import ModelRow, ToolCallRow
+from tracemill.store.tables import ModelRow, ToolCallRow, utcnow
 
 LOCK = "cycle"
 DATASET, RUN = "dataset", "run"  # in WORK/cycle-NNNN/
@@ -98,17 +100,18 @@ class _Cycle:
         with self.engine.connect() as conn:
             previous = record.last_trained_read(conn)
         since = previous.call_id if previous is not None else None
-        where = bounded(CallFilter(), committed_ids(self.engine))
-        upto = where.up_to_id
+        read = bounded(CallFilter(), committed_ids(self.engine))
         # the calls after the last trained cycle's, and its older calls whose execution failed since (read as valid)
-        if previous is not None:
-            where = since_read(self.engine, where, previous)
+        where = since_read(self.engine, read, previous) if previous is not None else read
         calls, failures = _new_calls(self.engine, where)
-        self.enter(Step.MINE, f"calls after id {since or 0}" + (f" up to {upto}" if calls else ": none new"),
-                   since_call_id=since)
+        m = s.mining
+        window = f"; exported: every call of the last {m.window_days:g} day(s)" if m.window_days is not None else ""
+        self.enter(Step.MINE, f"calls after id {since or 0}" + (f" up to {read.up_to_id}{window}" if calls
+                                                                 else ": none new"), since_call_id=since)
         if not calls:
             return self.finish(decision=WAIT, reason="no new calls since the last cycle that trained")
-        m = s.mining
+        if m.window_days is not None:
+            where = replace(read, since=utcnow() - timedelta(days=m.window_days))
         exported = mine(self.engine, self.folder / DATASET, MineOptions(
             where=where, eval_share=m.eval_share, valid_share=m.valid_share, seed=m.seed, prompt=m.prompt,
             workers=m.workers))

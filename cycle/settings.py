@@ -65,13 +65,20 @@ class Gate:
 
 @dataclass(frozen=True, slots=True)
 class Mining:
-    """How the new calls are exported (`tracemill mine`'s options)."""
+    """How the calls a candidate learns from are exported (`tracemill mine`'s options). `window_days`: the calls
+    stored in that many days before the cycle, old and new (the split by trace, with the same seed and eval share,
+    keeps every trace on its side from cycle to cycle); unset, the calls since the last cycle that trained only."""
 
     eval_share: float = 0.2
     valid_share: float = 0.2
     seed: int = 0
     prompt: PromptSettings = PromptSettings()
     workers: int = 1
+    window_days: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.window_days is not None and not self.window_days > 0:
+            raise ValueError(f"window_days must be more than 0, not {self.window_days}")
 
 
 @dataclass(frozen=True, slots=True)

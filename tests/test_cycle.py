@@ -289,6 +289,9 @@ def test_the_gate_can_be_passed_against_a_perfect_reviser_and_wants_enough_held_
     path.write_text('[cycle]\nbase = "unused"\nmin_held_out_cases = 0\n')
     with pytest.raises(ConfigError, match=r"cycle.toml: \[cycle\]: gate: min_held_out_cases >= 1"):
         load_settings(path, "sqlite://")
+    path.write_text('[cycle]\nbase = "unused"\n[mine]\nwindow_days = 0\n')
+    with pytest.raises(ConfigError, match=r"cycle.toml: \[mine\]: window_days must be more than 0, not 0"):
+        load_settings(path, "sqlite://")
 
 
 def test_a_cycle_refuses_a_launch_over_several_gpus_it_would_not_do(tmp_path):
@@ -418,6 +421,36 @@ def test_a_whole_cycle_trains_measures_and_deploys_then_refuses_a_candidate_no_b
     assert active(db) == model["name"]  # the active model stays
     shown = CliRunner().invoke(main, ["cycle", "--history", "--db", db])
     assert shown.exit_code == 0 and "refused: reference match" in shown.output and model["name"] in shown.output
+
+
+def _dataset_rows(db: str, dataset_id: int) -> list[dict]:  # type: ignore[type-arg]
+    engine = open_store(db)
+    with engine.connect() as conn:
+        path = conn.execute(select(DatasetRow.path).where(DatasetRow.id == dataset_id)).scalar_one()
+    engine.dispose()
+    return [{**json.loads(line), "split": split} for split in ("train", "eval")
+            for line in Path(path, f"{split}.jsonl").read_text().splitlines()]
+
+
+def test_with_a_window_each_candidate_learns_from_every_call_of_its_days(tiny, tmp_path):
+    """`[mine] window_days`: a cycle's candidate trains on every call stored in those days, those an earlier candidate
+    trained on too, each trace on the side of the split it had; what is new still decides whether to train."""
+    pytest.importorskip("trl", reason="training needs the train extra")
+    db = f"sqlite:///{tmp_path / 'traffic.db'}"
+    send(db, tmp_path, ["prompt-v1"], traces=30, seed=50)
+    settings = load_settings(config(tmp_path, tiny, force=True, eval_share=0.3), db)
+    settings = replace(settings, mining=replace(settings.mining, window_days=30))
+    first = run_cycle(settings)
+    send(db, tmp_path, ["prompt-v1"], traces=10, seed=60, day=1)
+    lines: list[str] = []
+    second = run_cycle(settings, lines.append)
+    assert first.model_id is not None and second.model_id is not None
+    assert second.since_call_id == first.last_call_id and 0 < second.new_calls < first.new_calls
+    assert any(line.startswith("mine: ") and "every call of the last 30 day(s)" in line for line in lines), lines
+    before, now = _dataset_rows(db, first.dataset_id), _dataset_rows(db, second.dataset_id)
+    sides = {r["trace_id"]: r["split"] for r in now}
+    assert {r["trace_id"] for r in before} < set(sides)  # the first cycle's traces, and new ones
+    assert all(sides[r["trace_id"]] == r["split"] for r in before)
 
 
 def test_a_cycle_killed_at_each_step_leaves_the_deployment_as_it_was(tiny, tmp_path):
