@@ -232,33 +232,44 @@ def test_only_admins_deploy_and_roll_back(app, store: str) -> None:  # type: ign
     engine.dispose()
 
 
-def test_a_span_whose_messages_came_as_log_events_shows_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from streamlit.testing.v1 import AppTest
-
-    url = f"sqlite:///{tmp_path / 'events.db'}"
-    collector = CollectorProcess(url, tmp_path).start()
-    trace, span = "ab" * 16, "cd" * 8
+def _collected(url: str, folder: Path, requests: list[tuple[str, bytes]]) -> None:
+    """Each (OTLP path, protobuf body) sent to a collector that stores in `url`, as an exporter sends it."""
+    collector = CollectorProcess(url, folder).start()
     try:
-        for path, body in (("traces", export_request([make_span(trace, span, "chat llama3.1-8b",
-                                                                  CHAT_WITHOUT_OUTPUT)])),
-                           ("logs", logs_request(trace, span, [
-                               {"name": "gen_ai.user.message", "body": {"content": "Weather in Oslo tonight?"}},
-                               {"name": "gen_ai.choice", "body": {"index": 0, "message": {
-                                   "role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {
-                                       "name": "get_weather", "arguments": '{"city": "Oslo"'}}]}}}]))):
+        for path, body in requests:
             answer = httpx.post(f"{collector.url}/v1/{path}", content=body,
                                 headers={"Content-Type": "application/x-protobuf"})
             assert answer.status_code == 200, answer.text
     finally:
         collector.stop()
-    users.add_user(make_engine(url), "rita", Role.REVIEWER, PASSWORD)
+
+
+def _app_on(url: str, name: str, role: Role, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """The app on a store of the test's own, `name` signed in with `role`."""
+    from streamlit.testing.v1 import AppTest
+
+    users.add_user(make_engine(url), name, role, PASSWORD)
     monkeypatch.setenv("TRACEMILL_DATABASE_URL", url)
     get_settings.cache_clear()
+    at = AppTest.from_file(str(APP), default_timeout=60).run()
+    at.text_input(key="sign_in_name").input(name)
+    at.text_input(key="sign_in_password").input(PASSWORD)
+    at.button[0].click().run()
+    return at
+
+
+def test_a_span_whose_messages_came_as_log_events_shows_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"sqlite:///{tmp_path / 'events.db'}"
+    trace, span = "ab" * 16, "cd" * 8
+    _collected(url, tmp_path, [
+        ("traces", export_request([make_span(trace, span, "chat llama3.1-8b", CHAT_WITHOUT_OUTPUT)])),
+        ("logs", logs_request(trace, span, [
+            {"name": "gen_ai.user.message", "body": {"content": "Weather in Oslo tonight?"}},
+            {"name": "gen_ai.choice", "body": {"index": 0, "message": {
+                "role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {
+                    "name": "get_weather", "arguments": '{"city": "Oslo"'}}]}}}]))])
     try:
-        at = AppTest.from_file(str(APP), default_timeout=60).run()
-        at.text_input(key="sign_in_name").input("rita")
-        at.text_input(key="sign_in_password").input(PASSWORD)
-        at.button[0].click().run()
+        at = _app_on(url, "rita", Role.REVIEWER, monkeypatch)
         at.query_params["trace"] = trace
         at.switch_page("pages/traces.py").run()
         assert not at.exception, at.exception
@@ -272,28 +283,14 @@ def test_a_span_whose_messages_came_as_log_events_shows_them(tmp_path: Path, mon
 def test_failure_modes_read_one_service_s_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Behind the reviser sidecar each answer is stored twice: the model's answer as sent (the sidecar's service) and
     the call the agent got once it was revised (the agent's). The failure-modes page counts either."""
-    from streamlit.testing.v1 import AppTest
-
     url = f"sqlite:///{tmp_path / 'services.db'}"
     sent = chat_attributes([{"id": "call_Xk2pQ9rT", "name": "get_weather", "arguments": {"city": 7}}])
     got = chat_attributes([{"id": "call_Xk2pQ9rT", "name": "get_weather", "arguments": {"city": "7"}}])
-    collector = CollectorProcess(url, tmp_path).start()
+    _collected(url, tmp_path, [
+        ("traces", export_request([make_span(trace, "01" * 8, "chat", attributes)], {"service.name": service}))
+        for trace, attributes, service in (("a1" * 16, sent, "tracemill-serve"), ("b2" * 16, got, "weather-agent"))])
     try:
-        for trace, attributes, service in (("a1" * 16, sent, "tracemill-serve"), ("b2" * 16, got, "weather-agent")):
-            body = export_request([make_span(trace, "01" * 8, "chat", attributes)], {"service.name": service})
-            answer = httpx.post(f"{collector.url}/v1/traces", content=body,
-                                headers={"Content-Type": "application/x-protobuf"})
-            assert answer.status_code == 200, answer.text
-    finally:
-        collector.stop()
-    users.add_user(make_engine(url), "vic", Role.VIEWER, PASSWORD)
-    monkeypatch.setenv("TRACEMILL_DATABASE_URL", url)
-    get_settings.cache_clear()
-    try:
-        at = AppTest.from_file(str(APP), default_timeout=60).run()
-        at.text_input(key="sign_in_name").input("vic")
-        at.text_input(key="sign_in_password").input(PASSWORD)
-        at.button[0].click().run()
+        at = _app_on(url, "vic", Role.VIEWER, monkeypatch)
         at.switch_page("pages/failures.py").run()
         assert not at.exception, at.exception
         assert [m.value for m in at.metric][:2] == ["2", "1"]
