@@ -13,7 +13,7 @@ from tracemill.miner.failures import GROUP_FIELDS, NONE, FailureCounts, FailureR
 from tracemill.rates import percent
 from tracemill.store.queries import CallFilter
 from tracemill.store.tables import utcnow
-from tracemill.ui.shell import ANY, Context, context, facets, kept
+from tracemill.ui.shell import Context, choice, context, facets, kept
 
 SHOWN = 8  # modes drawn in the charts (the table lists every one)
 CLUSTERS = {"tool · stage · kind · pointer": GROUP_FIELDS, "tool · stage · kind": ("tool", "stage", "kind"),
@@ -23,7 +23,7 @@ PERIODS = {"all time": None, "last 30 days": 30, "last 7 days": 7, "last day": 1
 
 def _report(ctx: Context, fields: tuple[str, ...], days: int | None, service: str | None) -> FailureReport:
     since = (utcnow() - timedelta(days=days)).date().isoformat() if days is not None else None
-    held = kept(ctx.store_key, f"failure counts of {service}" if service is not None else "failure counts")
+    held = kept(ctx.store_key, f"failure counts of service {service}")  # None: every service's
     with held.lock, st.spinner("Counting new calls…"):
         counts = held.value or FailureCounts(CallFilter(service=service))
         held.value = counts = counts.update(ctx.engine)
@@ -49,9 +49,10 @@ def render() -> None:
     cluster = left.selectbox("Cluster by", list(CLUSTERS), key="failures_by")
     # behind the reviser sidecar each answer is stored twice: as the model sent it (the sidecar's service) and as the
     # agent got it (the agent's)
-    service = middle.selectbox("Service", [ANY, *facets(ctx).services], key="failures_service")
+    with middle:
+        service = choice("Service", list(facets(ctx).services), "failures_service")
     period = right.selectbox("Calls made", list(PERIODS), key="failures_period")
-    report = _report(ctx, CLUSTERS[cluster], PERIODS[period], None if service == ANY else service)
+    report = _report(ctx, CLUSTERS[cluster], PERIODS[period], service)
     if not report.total_calls:
         st.info("Nothing here yet: no tool call is stored" + ("" if PERIODS[period] is None else " for this period")
                 + ". Point an agent at the collector, or run `tracemill simulate`.")

@@ -24,7 +24,7 @@ from tracemill.ui.style import CSS
 
 PAGES = Path(__file__).resolve().parent / "pages"
 IDENTITY = "tracemill.identity"
-ANY = "any"  # a filter's choice of no value
+ANY = "any"  # a filter's choice of no value (`choice`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +52,12 @@ class Kept:
 @st.cache_resource(show_spinner=False)
 def kept(store_key: str, name: str) -> Kept:
     return Kept()
+
+
+def choice(label: str, values: list[str], key: str) -> str | None:
+    """A filter's select box: one of `values`, or None where it is left at `any`."""
+    picked = st.selectbox(label, [ANY, *values], key=key)
+    return None if picked == ANY else picked
 
 
 def facets(ctx: Context) -> traces.Facets:

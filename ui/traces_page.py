@@ -10,17 +10,12 @@ from tracemill.store import queries, traces
 from tracemill.store.queries import CallFilter
 from tracemill.store.tables import utcnow
 from tracemill.store.traces import TraceFilter
-from tracemill.ui.shell import ANY, Context, context, facets
+from tracemill.ui.shell import Context, choice, context, facets
 from tracemill.ui.trace_view import show_trace
 
 RANGES = {"last hour": timedelta(hours=1), "last 24 hours": timedelta(days=1), "last 7 days": timedelta(days=7),
           "last 30 days": timedelta(days=30), "all time": None}
 PAGE = 50
-
-
-def _choice(label: str, values: list[str], key: str) -> str | None:
-    picked = st.selectbox(label, [ANY, *values], key=key)
-    return None if picked == ANY else picked
 
 
 def _filters(ctx: Context) -> TraceFilter:
@@ -29,18 +24,18 @@ def _filters(ctx: Context) -> TraceFilter:
     with top[0]:
         span = st.selectbox("Received", list(RANGES), index=len(RANGES) - 1, key="f_range")
     with top[1]:
-        service = _choice("Service", list(found.services), "f_service")
+        service = choice("Service", list(found.services), "f_service")
     with top[2]:
-        model = _choice("Model", sorted(found.models), "f_model")
+        model = choice("Model", sorted(found.models), "f_model")
     with top[3]:
-        harness = _choice("Harness version", sorted(found.harness_versions), "f_harness")
+        harness = choice("Harness version", sorted(found.harness_versions), "f_harness")
     with top[4]:
-        tool = _choice("Tool", sorted(found.tools), "f_tool")
+        tool = choice("Tool", sorted(found.tools), "f_tool")
     bottom = st.columns([1.1, 1, 3.4])
     with bottom[0]:
-        stage = _choice("Verdict", list(queries.STAGES), "f_stage")
+        stage = choice("Verdict", list(queries.STAGES), "f_stage")
     with bottom[1]:
-        domain = _choice("Domain", sorted(found.domains), "f_domain")
+        domain = choice("Domain", sorted(found.domains), "f_domain")
     with bottom[2]:
         text = st.text_input("Search", placeholder="a trace id, or words in a tool call's output or tool name",
                              key="f_text")
