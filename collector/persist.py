@@ -362,7 +362,7 @@ class SpanWriter:
             "repairs_id": None, "start_time_ns": span.start_time_ns, "created_at": now,
             "end_time_ns": span.end_time_ns,  # not a column (the span's): which sightings of a numbered id are one call
             "response_id": call.response_id,
-            "service": _service(span),  # not a column (the span's): what `same_call`'s keys read
+            "service_name": _service(span),
         }, toolset
 
     def _toolset(self, tools: list[Tool]) -> _Toolset:

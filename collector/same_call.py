@@ -29,10 +29,9 @@ from sqlalchemy import ARRAY, Connection, Text, and_, any_, bindparam, case, fun
 
 from tracemill.collector.joins import lock_keys
 from tracemill.store.engine import json_text
-from tracemill.store.tables import SpanRow, ToolCallRow
+from tracemill.store.tables import ToolCallRow
 
 _CALLS = ToolCallRow.__table__
-_SPANS = SpanRow.__table__
 VERDICT = ("toolset_id", "name", "arguments", "parsed", "name_valid", "schema_valid", "stage", "violations", "domain")
 EXECUTION = ("execution_status", "execution_error", "execution_result", "execution_span_id")
 
@@ -63,7 +62,7 @@ def content_key(row: Mapping[str, Any]) -> tuple[Any, str | None, str | None, by
     """What makes two rows with one call id the same call in two traces: the same service too, since two
     instrumentations of one agent share its resource, while a proxy that traces what it relayed (the reviser sidecar)
     is a service of its own whose rows are its record, not the agent's."""
-    return row["service"], row["tool_call_id"], row["name"], body(row)
+    return row["service_name"], row["tool_call_id"], row["name"], body(row)
 
 
 def response_key(row: Mapping[str, Any]) -> tuple[str, Any, str, int, str] | None:
@@ -73,7 +72,7 @@ def response_key(row: Mapping[str, Any]) -> tuple[str, Any, str, int, str] | Non
     response = row["response_id"]
     if response is None or len(response) < UNIQUE_RESPONSE_ID_CHARS:
         return None
-    return "response", row["service"], response, row["call_index"], row["raw"]
+    return "response", row["service_name"], response, row["call_index"], row["raw"]
 
 
 def recent_key(row: Mapping[str, Any]) -> tuple[Any, ...] | None:
@@ -122,8 +121,7 @@ def listed_params(sqlite: bool, **lists: Iterable[str]) -> dict[str, Any]:
 def _stored_twins(sqlite: bool) -> Any:
     return (
         select(_CALLS.c.trace_id, _CALLS.c.span_id, _CALLS.c.call_index, _CALLS.c.tool_call_id, _CALLS.c.name,
-               _CALLS.c.arguments, _CALLS.c.raw, _CALLS.c.response_id, _SPANS.c.service_name.label("service"))
-        .outerjoin(_SPANS, and_(_SPANS.c.trace_id == _CALLS.c.trace_id, _SPANS.c.span_id == _CALLS.c.span_id))
+               _CALLS.c.arguments, _CALLS.c.raw, _CALLS.c.response_id, _CALLS.c.service_name)
         .where(or_(one_of(_CALLS.c.tool_call_id, sqlite), one_of(_CALLS.c.response_id, sqlite)))
         .order_by(_CALLS.c.id)
     )

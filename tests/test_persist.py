@@ -350,8 +350,9 @@ def test_a_store_upgraded_to_find_twins_keeps_its_calls_and_finds_them(db_url: s
     batch = writer.prepare(decode_protobuf(body, Limits(1 << 20)).spans)
     with engine.begin() as conn:  # what 0008's writer stored: the span, and the call in 0008's columns
         BulkInsert(SpanRow.__table__, engine.dialect).execute_params(conn, batch.span_params)
+        later = ("response_id", "service_name")
         conn.execute(ToolCallRow.__table__.insert().values(
-            {k: v for k, v in batch.calls[0].items() if k in ToolCallRow.__table__.c and k != "response_id"}))
+            {k: v for k, v in batch.calls[0].items() if k in ToolCallRow.__table__.c and k not in later}))
     upgrade(engine)
     again = make_span("b2" * 16, "02" * 8, "ChatCompletion", chat_attributes(call))
     _write(engine, SpanWriter(engine.dialect), [again])

@@ -10,13 +10,16 @@ import re
 
 import pytest
 from click.testing import CliRunner
+from sqlalchemy import select
 
 from tracemill.cli import main
 from tracemill.collector.decode import Limits, decode_protobuf
 from tracemill.collector.persist import SpanWriter
 from tracemill.store import queries
+from tracemill.store.bulk import BulkInsert
 from tracemill.store.engine import make_engine
 from tracemill.store.migrate import upgrade
+from tracemill.store.tables import SpanRow, ToolCallRow
 
 from support import chat_attributes, export_request, make_span
 
@@ -184,6 +187,9 @@ def test_the_sidecar_s_record_of_an_answer_and_what_the_agent_got_are_told_apart
         return json.loads(result.output)
 
     assert stats()["total_calls"] == 2
+    by_service = stats("--by", "service")["groups"]
+    assert {k: (g["total_calls"], g["input_schema_compliance"]) for k, g in by_service.items()} == {
+        "tracemill-serve": (1, 0.0), "weather-agent": (1, 1.0)}
     assert (stats("--service", "tracemill-serve")["total_calls"],
             stats("--service", "tracemill-serve")["input_schema_compliance"]) == (1, 0.0)
     assert (stats("--service", "weather-agent")["total_calls"],
@@ -217,3 +223,27 @@ def test_a_filter_value_no_call_has_is_named(db_url: str) -> None:
     assert table.count("unknown") == 6 and not re.search(r"(?<![\d.])(0|100)\.0%", table)
     result = CliRunner().invoke(main, ["stats", "--db", db_url, "--since", "tomorrow"])
     assert result.exit_code == 2 and "'tomorrow' is not a date" in result.output
+
+
+def test_calls_stored_before_they_kept_their_service_are_given_their_span_s(db_url: str) -> None:
+    """A store written before the call kept its service (revision 0011: it was read from the span): upgraded, each
+    call reads as its span's service, and a span that says none leaves its call with none."""
+    engine = make_engine(db_url)
+    upgrade(engine, "0011")
+    writer = SpanWriter(engine.dialect)
+    for trace, service in (("a1" * 16, "tracemill-serve"), ("b2" * 16, "weather-agent"), ("c3" * 16, None)):
+        call = [{"id": f"call_{trace[:4]}", "name": "get_weather", "arguments": {"city": "Paris"}}]
+        body = export_request([make_span(trace, "01" * 8, "chat", chat_attributes(call))],
+                              {"service.name": service} if service else {"host.name": "box-1"})
+        batch = writer.prepare(decode_protobuf(body, Limits(1 << 20)).spans)
+        with engine.begin() as conn:  # what 0011's writer stored: the span, and the call in 0011's columns
+            BulkInsert(SpanRow.__table__, engine.dialect).execute_params(conn, batch.span_params)
+            conn.execute(ToolCallRow.__table__.insert().values(
+                {k: v for k, v in batch.calls[0].items() if k in ToolCallRow.__table__.c and k != "service_name"}))
+    upgrade(engine)
+    with engine.connect() as conn:
+        stored = dict(conn.execute(select(ToolCallRow.trace_id, ToolCallRow.service_name)).all())
+        sidecar = queries.CallFilter(service="tracemill-serve").apply(select(ToolCallRow.trace_id))
+        assert conn.execute(sidecar).scalars().all() == ["a1" * 16]
+    engine.dispose()
+    assert stored == {"a1" * 16: "tracemill-serve", "b2" * 16: "weather-agent", "c3" * 16: None}

@@ -25,7 +25,8 @@ from tracemill.store.cli import DATE, call_filter_options, database_option, read
 from tracemill.store.queries import CallFilter
 from tracemill.store.tables import ToolCallRow as C
 
-GROUPS = {"model": C.model, "tool": C.name, "harness": C.harness_version, "domain": C.domain}
+GROUPS = {"model": C.model, "tool": C.name, "harness": C.harness_version, "domain": C.domain,
+          "service": C.service_name}
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +84,8 @@ def compute(engine: Engine, by: str | None = None,
 @click.command()
 @database_option
 @click.option("--by", type=click.Choice(sorted(GROUPS)), help="Also give the figures per model, tool, harness "
-              "version or domain.")
+              "version, domain or service (behind the reviser sidecar: tracemill-serve, the model's answers as sent, "
+              "beside the agent's, what it got).")
 @call_filter_options
 @click.option("--since", type=DATE, help="Only calls stored at or after this date (UTC).")
 @click.option("--until", type=DATE, help="Only calls stored before this date (UTC).")

@@ -76,7 +76,8 @@ class CallFilter:
                                  (self.model, lambda v: C.model == v),
                                  (self.harness_version, lambda v: C.harness_version == v),
                                  (self.domain, lambda v: C.domain == v), (self.tool, lambda v: C.name == v),
-                                 (self.service, _from_service), (self.trace_id, lambda v: C.trace_id == v)):
+                                 (self.service, lambda v: C.service_name == v),
+                                 (self.trace_id, lambda v: C.trace_id == v)):
             if value is not None:
                 found.append(condition(value))
         if self.since_call_id is not None:
@@ -107,11 +108,6 @@ class CallFilter:
 
 
 STAGES = ("parse", "tool_name", "schema", "execution", "ok")
-
-
-def _from_service(service: str) -> ColumnElement[bool]:
-    return exists().where(SpanRow.trace_id == C.trace_id, SpanRow.span_id == C.span_id,
-                          SpanRow.service_name == service).correlate(C)
 
 
 def _failed(execution: Any) -> ColumnElement[bool]:
@@ -169,12 +165,12 @@ def _stage_condition(stage: str, status: ColumnElement[Any] = C.execution_status
 
 
 _CHECKED = {"model": C.model, "harness_version": C.harness_version, "domain": C.domain, "tool": C.name,
-            "service": SpanRow.service_name}
+            "service": C.service_name}
 
 
 def check_filter(conn: Connection, f: CallFilter) -> None:
     """Raise FilterError when a model, harness version, domain, tool or service named in `f` matches no stored call
-    (a service: no stored span), so that a typo is said rather than read as "nothing there"."""
+    (so that a typo is said rather than read as "nothing there")."""
     for name, column in _CHECKED.items():
         value = getattr(f, name)
         if value is not None and conn.execute(select(column).where(column == value).limit(1)).first() is None:

@@ -125,6 +125,9 @@ class ToolCallRow(Base):
     model: Mapped[str | None] = mapped_column(Text)
     harness_version: Mapped[str | None] = mapped_column(Text)
     domain: Mapped[str | None] = mapped_column(String(32))
+    # the service whose span holds the call (`service.name`): with the reviser sidecar in front of a model, the store
+    # holds the model's answer as sent (`tracemill-serve`) and what the agent got (the agent's service)
+    service_name: Mapped[str | None] = mapped_column(Text)
     repairs_id: Mapped[int | None] = mapped_column(ForeignKey("tool_calls.id"))
     start_time_ns: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
