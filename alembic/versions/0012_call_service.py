@@ -1,8 +1,8 @@
 """`tool_calls.service_name`: the service (`service.name` of the resource) whose span holds the call, kept with the
 call as its model, harness version and domain are. Behind the reviser sidecar the store holds two records of each
 answer, the model's as sent (`tracemill-serve`) and what the agent got (the agent's service); `--service` and
-`stats --by service` read them apart, and looking each call's span up for it cost four times the read of the calls.
-Rows stored before are given their span's service.
+`stats --by service` read them apart, and looking each call's span up for it took three to four times as long as
+reading the calls. Rows stored before are given their span's service.
 
 Revision ID: 0012
 Revises: 0011
