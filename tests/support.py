@@ -23,8 +23,12 @@ from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from sqlalchemy import Engine, text
 
+from tracemill.collector.decode import Limits, decode_protobuf
+from tracemill.collector.persist import SpanWriter
 from tracemill.net import free_port
 from tracemill.otlp import any_value, key_values
+from tracemill.store.bulk import BulkInsert
+from tracemill.store.tables import SpanRow, ToolCallRow
 
 WEATHER_TOOLS = [
     {"type": "function", "function": {
@@ -107,6 +111,18 @@ def export_request(spans: list[Span], resource: Mapping[str, Any] | None = None)
     ss.scope.name = "tests"
     ss.spans.extend(spans)
     return request.SerializeToString()
+
+
+def store_as_before(engine: Engine, body: bytes, later_columns: tuple[str, ...]) -> None:
+    """What a writer of an earlier revision stored of one request (`body`): its spans, and its calls without the
+    columns later revisions added (the store must be at that revision)."""
+    batch = SpanWriter(engine.dialect).prepare(decode_protobuf(body, Limits(1 << 20)).spans)
+    calls = ToolCallRow.__table__
+    with engine.begin() as conn:
+        BulkInsert(SpanRow.__table__, engine.dialect).execute_params(conn, batch.span_params)
+        for call in batch.calls:
+            conn.execute(calls.insert().values({k: v for k, v in call.items() if k in calls.c
+                                                and k not in later_columns}))
 
 
 # A chat span as OpenTelemetry's openai-v2 sends it when the messages go in log events: no output on it.

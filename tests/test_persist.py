@@ -12,12 +12,11 @@ from sqlalchemy import select
 
 from tracemill.collector.decode import Limits, decode_protobuf
 from tracemill.collector.persist import Prepared, SpanWriter
-from tracemill.store.bulk import BulkInsert
 from tracemill.store.engine import make_engine
 from tracemill.store.migrate import upgrade
 from tracemill.store.tables import SpanRow, ToolCallRow, ToolExecutionRow
 
-from support import chat_attributes, export_request, make_span
+from support import chat_attributes, export_request, make_span, store_as_before
 
 WEATHER_MCP = {"name": "get_weather", "description": "Current weather for a city.",
                "inputSchema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
@@ -342,17 +341,11 @@ def test_a_store_upgraded_to_find_twins_keeps_its_calls_and_finds_them(db_url: s
     sighting of a stored call, in another trace and by an ingest process that never saw the first, fills that row."""
     engine = make_engine(db_url)
     upgrade(engine, "0008")
-    writer = SpanWriter(engine.dialect)
     call = [{"id": "call_q8Zr2LmN4x", "name": "get_weather", "arguments": {"city": "Paris"}}]
     chat = chat_attributes(call)
     del chat["gen_ai.request.model"]
     body = export_request([make_span("a1" * 16, "01" * 8, "chat", chat)], {"service.name": "test-agent"})
-    batch = writer.prepare(decode_protobuf(body, Limits(1 << 20)).spans)
-    with engine.begin() as conn:  # what 0008's writer stored: the span, and the call in 0008's columns
-        BulkInsert(SpanRow.__table__, engine.dialect).execute_params(conn, batch.span_params)
-        later = ("response_id", "service_name")
-        conn.execute(ToolCallRow.__table__.insert().values(
-            {k: v for k, v in batch.calls[0].items() if k in ToolCallRow.__table__.c and k not in later}))
+    store_as_before(engine, body, later_columns=("response_id", "service_name"))
     upgrade(engine)
     again = make_span("b2" * 16, "02" * 8, "ChatCompletion", chat_attributes(call))
     _write(engine, SpanWriter(engine.dialect), [again])

@@ -16,12 +16,11 @@ from tracemill.cli import main
 from tracemill.collector.decode import Limits, decode_protobuf
 from tracemill.collector.persist import SpanWriter
 from tracemill.store import queries
-from tracemill.store.bulk import BulkInsert
 from tracemill.store.engine import make_engine
 from tracemill.store.migrate import upgrade
-from tracemill.store.tables import SpanRow, ToolCallRow
+from tracemill.store.tables import ToolCallRow
 
-from support import chat_attributes, export_request, make_span
+from support import chat_attributes, export_request, make_span, store_as_before
 
 LONG_PROMPT = "Plan a trip to Oslo. " * 100  # over PAYLOAD_MIN_CHARS: stored once in `payloads`
 
@@ -230,16 +229,11 @@ def test_calls_stored_before_they_kept_their_service_are_given_their_span_s(db_u
     call reads as its span's service, and a span that says none leaves its call with none."""
     engine = make_engine(db_url)
     upgrade(engine, "0011")
-    writer = SpanWriter(engine.dialect)
     for trace, service in (("a1" * 16, "tracemill-serve"), ("b2" * 16, "weather-agent"), ("c3" * 16, None)):
         call = [{"id": f"call_{trace[:4]}", "name": "get_weather", "arguments": {"city": "Paris"}}]
         body = export_request([make_span(trace, "01" * 8, "chat", chat_attributes(call))],
                               {"service.name": service} if service else {"host.name": "box-1"})
-        batch = writer.prepare(decode_protobuf(body, Limits(1 << 20)).spans)
-        with engine.begin() as conn:  # what 0011's writer stored: the span, and the call in 0011's columns
-            BulkInsert(SpanRow.__table__, engine.dialect).execute_params(conn, batch.span_params)
-            conn.execute(ToolCallRow.__table__.insert().values(
-                {k: v for k, v in batch.calls[0].items() if k in ToolCallRow.__table__.c and k != "service_name"}))
+        store_as_before(engine, body, later_columns=("service_name",))
     upgrade(engine)
     with engine.connect() as conn:
         stored = dict(conn.execute(select(ToolCallRow.trace_id, ToolCallRow.service_name)).all())
