@@ -3,7 +3,9 @@ turn's call in a trace, so the id alone tells neither which sightings are one ca
 
 Sightings (`NumberedCalls`): two rows with one numbered id and the same content are one call when their spans overlap
 in time (a chain span around the model call that made it, a second instrumentation of that call); the same call sent
-again in a later turn, after its tool failed, is a call of its own.
+again in a later turn, after its tool failed, is a call of its own. A row first seen on a span around the whole run (a
+LangGraph chain whose output repeats every turn) takes the place of the model call's span inside it when that arrives
+(`same_call.moves`), so that the retry's model call finds the row of its own turn, not the one the first turn filled.
 
 Executions (`link_numbered`): an execute_tool span seldom says its arguments (they are opt-in in the GenAI
 conventions), but an agent's loop tells: a call, its execution, the next call. An execution ran the call made last

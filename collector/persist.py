@@ -249,6 +249,7 @@ class SpanWriter:
                     filled.append(twin)
                 elif earlier is not None:
                     fills[(row["trace_id"], earlier.span_id, earlier.call_index)] = row
+                    row["moves"] = same_call.moves(earlier.start_time_ns, earlier.end_time_ns, row)
                 else:
                     kept.append(row)
                 continue
@@ -363,6 +364,7 @@ class SpanWriter:
             "end_time_ns": span.end_time_ns,  # not a column (the span's): which sightings of a numbered id are one call
             "response_id": call.response_id,
             "service_name": _service(span),
+            "moves": False,  # not a column: whether the stored row this one fills takes its place (`same_call.moves`)
         }, toolset
 
     def _toolset(self, tools: list[Tool]) -> _Toolset:

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
-from sqlalchemy import ARRAY, Connection, Text, and_, any_, bindparam, case, func, or_, select, update
+from sqlalchemy import ARRAY, Boolean, Connection, Text, and_, any_, bindparam, case, func, or_, select, update
 
 from tracemill.collector.joins import lock_keys
 from tracemill.store.engine import json_text
@@ -34,6 +34,7 @@ from tracemill.store.tables import ToolCallRow
 _CALLS = ToolCallRow.__table__
 VERDICT = ("toolset_id", "name", "arguments", "parsed", "name_valid", "schema_valid", "stage", "violations", "domain")
 EXECUTION = ("execution_status", "execution_error", "execution_result", "execution_span_id")
+PLACE = ("span_id", "call_index", "start_time_ns")  # where a call was made, as its row says
 
 
 UNIQUE_ID_CHARS = 9
@@ -130,11 +131,24 @@ def _stored_twins(sqlite: bool) -> Any:
 _STORED_TWINS = {sqlite: _stored_twins(sqlite) for sqlite in (True, False)}
 
 
+def moves(start_ns: int, end_ns: int, other: Mapping[str, Any]) -> bool:
+    """Whether the row of a numbered id whose span ran from `start_ns` to `end_ns` takes the place (`PLACE`) of
+    `other`, another sighting of its call, on a shorter span inside it: a row first seen on a chain span around the
+    whole run (which repeats its turns) goes to the model call that made it, so that its time tells it from the same
+    call sent again in a later turn (`numbered.NumberedCalls`), and its span holds its conversation. A row of an id
+    drawn at random stays on the span that first showed it."""
+    call_id = other["tool_call_id"]
+    return (bool(call_id) and numbered(call_id) and start_ns <= other["start_time_ns"]
+            and other["end_time_ns"] <= end_ns and other["end_time_ns"] - other["start_time_ns"] < end_ns - start_ns)
+
+
 def fill(kept: dict[str, Any], other: dict[str, Any]) -> None:
-    """Give `kept` what `other` knows and it does not."""
+    """Give `kept` what `other` knows and it does not (and, where it `moves`, its place)."""
     for key in ("model", "harness_version"):
         if kept[key] is None:
             kept[key] = other[key]
+    if moves(kept["start_time_ns"], kept["end_time_ns"], other):
+        kept.update({key: other[key] for key in (*PLACE, "end_time_ns")})
     if kept["toolset_id"] is None and other["toolset_id"] is not None:
         kept.update({key: other[key] for key in VERDICT})
     if kept["execution_status"] is None and other["execution_status"] is not None:
@@ -149,6 +163,11 @@ def _filled(column: str, when_null: str) -> Any:
     return case((_CALLS.c[when_null].is_(None), _new(column)), else_=_CALLS.c[column])
 
 
+def _moved(column: str) -> Any:
+    """`column` of the row's place: the filling row's where the row `moves` (`n_move`)."""
+    return case((bindparam("n_move", type_=Boolean), _new(column)), else_=_CALLS.c[column])
+
+
 # `fill` applied to a stored row (found by its unique key) from a row that is not stored.
 FILL_STORED = (
     update(_CALLS)
@@ -160,6 +179,7 @@ FILL_STORED = (
         # every SET reads the stored row, so these conditions see the stored toolset and execution
         **{key: _filled(key, "toolset_id") for key in VERDICT},
         **{key: _filled(key, "execution_status") for key in EXECUTION},
+        **{key: _moved(key) for key in PLACE},
     )
 )
 
@@ -186,8 +206,8 @@ def execution_params(call_id: int, execution: Mapping[str, Any] | None) -> dict[
 
 
 def fill_params(key: tuple[str, str, int], row: dict[str, Any]) -> dict[str, Any]:
-    return {"k_trace": key[0], "k_span": key[1], "k_index": key[2],
-            **{"n_" + k: row[k] for k in ("model", "harness_version", *VERDICT, *EXECUTION)}}
+    return {"k_trace": key[0], "k_span": key[1], "k_index": key[2], "n_move": row["moves"],
+            **{"n_" + k: row[k] for k in ("model", "harness_version", *VERDICT, *EXECUTION, *PLACE)}}
 
 
 class RecentCalls(OrderedDict[tuple[Any, ...], tuple[str, str, int]]):

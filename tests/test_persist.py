@@ -227,6 +227,49 @@ def test_the_same_call_sent_again_under_a_numbered_id_after_its_tool_failed_is_a
         ("error", None), ("success", "rain in Oslo")] * len(orders)
 
 
+def test_a_chain_span_repeating_the_run_s_turns_leaves_each_numbered_call_its_own_model_call(db_url: str) -> None:
+    """A LangGraph-style chain span around the whole run, whose output repeats its turns: the call `0` that failed and
+    the same call sent again. Whatever order the spans arrive in (the chain first included), each of the two calls is
+    one row on the model call that made it, with its model, its verdict and its execution."""
+    engine = make_engine(db_url)
+    upgrade(engine)
+    writer = SpanWriter(engine.dialect)
+    second = 1_000_000_000
+    oslo = [{"id": "0", "name": "get_weather", "arguments": {"city": "Oslo"}}]
+    said = {"type": "ai", "content": "", "tool_calls": [{"name": "get_weather", "args": {"city": "Oslo"}, "id": "0"}]}
+    run = [{"type": "human", "content": "Weather in Oslo?"}, said, {"type": "tool", "content": "timeout",
+           "tool_call_id": "0"}, said, {"type": "tool", "content": "rain in Oslo", "tool_call_id": "0"}]
+
+    def spans(trace: str) -> dict[str, Span]:
+        def at(span: str, name: str, attributes: dict, seconds: float, status_code: int = 0) -> Span:
+            return make_span(trace, span * 8, name, attributes, parent="05" * 8, status_code=status_code,
+                             start_ns=1_700_000_000 * second + int(seconds * second))
+
+        def ran(**more: str) -> dict[str, str]:
+            return {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "get_weather",
+                    "gen_ai.tool.call.id": "0", **more}
+
+        chain = make_span(trace, "05" * 8, "LangGraph", {"langsmith.span.kind": "chain",
+                                                         "gen_ai.completion": json.dumps({"messages": run})},
+                          start_ns=1_700_000_000 * second)
+        chain.end_time_unix_nano = chain.start_time_unix_nano + 4 * second
+        return {"chain": chain, "first": at("01", "chat", chat_attributes(oslo), 0),
+                "failed": at("02", "execute_tool get_weather", ran(**{"error.type": "timeout"}), 1, status_code=2),
+                "again": at("03", "chat", chat_attributes(oslo), 2),
+                "ran": at("04", "execute_tool get_weather", ran(**{"gen_ai.tool.call.result": "rain in Oslo"}), 3)}
+
+    turns = ["first", "failed", "again", "ran"]
+    orders = [[[*turns, "chain"]], [["chain", *turns]], [["chain"], *[[n] for n in turns]],
+              [[n] for n in reversed(["chain", *turns])], [["chain", "first"], ["failed", "again", "ran"]]]
+    _write_in_orders(engine, writer, spans, orders)
+    with engine.connect() as conn:
+        rows = conn.execute(select(ToolCallRow).order_by(ToolCallRow.trace_id, ToolCallRow.start_time_ns)).all()
+    engine.dispose()
+    assert [(r.span_id, r.start_time_ns % (10 * second) // second, r.model, r.name_valid, r.execution_status)
+            for r in rows] == [("01" * 8, 0, "llama3.1-8b", True, "error"),
+                               ("03" * 8, 2, "llama3.1-8b", True, "success")] * len(orders)
+
+
 def _written_at_once(engine, first: list[Span], second: list[Span]) -> None:  # type: ignore[no-untyped-def]
     """Two ingest processes on PostgreSQL writing at the same moment: the first writes and holds its transaction open
     while the second writes (neither sees the other's uncommitted rows), then the first commits."""
