@@ -111,7 +111,8 @@ _EXECUTIONS_OF = {
 
 
 class _Sighting(NamedTuple):
-    """A stored row of a numbered call id, with its span's times."""
+    """A stored row of a numbered call id (found by its span and index), with its span's times (or, once a row of
+    this request moves it, that row's)."""
 
     span_id: str
     call_index: int
@@ -157,15 +158,21 @@ class NumberedCalls:
 
     def sighting(self, row: dict[str, Any]) -> tuple[dict[str, Any] | None, _Sighting | None]:
         """The kept row of this request, else the stored row, that `row` is a sighting of; (None, None) for a call not
-        seen before, which is kept."""
+        seen before, which is kept. A stored row that `row` moves to its span (`same_call.moves`) is said so
+        (`row["moves"]`), and is compared with the later rows of this request at its new time."""
         key = same_call.numbered_key(row)
         for kept in self.kept.get(key, ()):
             if self._takes(row, kept, kept["start_time_ns"], kept["end_time_ns"]):
                 return kept, None
         stored = self.stored.get(key, [])
         if all(s.span_id != row["span_id"] for s in stored):  # else the span sent again: its own row
-            for sighting in stored:
+            for n, sighting in enumerate(stored):
                 if self._takes(row, sighting, sighting.start_time_ns, sighting.end_time_ns):
+                    if same_call.moves(sighting.start_time_ns, sighting.end_time_ns, row):
+                        row["moves"] = True
+                        stored[n] = sighting._replace(start_time_ns=row["start_time_ns"],
+                                                      end_time_ns=row["end_time_ns"])
+                        self.taken.add((row["span_id"], id(stored[n])))
                     return None, sighting
         self.kept.setdefault(key, []).append(row)
         self.taken.add((row["span_id"], id(row)))

@@ -248,8 +248,11 @@ class SpanWriter:
                     same_call.fill(twin, row)
                     filled.append(twin)
                 elif earlier is not None:
-                    fills[(row["trace_id"], earlier.span_id, earlier.call_index)] = row
-                    row["moves"] = same_call.moves(earlier.start_time_ns, earlier.end_time_ns, row)
+                    stored_key = (row["trace_id"], earlier.span_id, earlier.call_index)
+                    if stored_key in fills:  # a second sighting of it in this request: one fill
+                        same_call.fill(fills[stored_key], row)
+                    else:
+                        fills[stored_key] = row
                 else:
                     kept.append(row)
                 continue

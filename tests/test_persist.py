@@ -230,7 +230,8 @@ def test_the_same_call_sent_again_under_a_numbered_id_after_its_tool_failed_is_a
 def test_a_chain_span_repeating_the_run_s_turns_leaves_each_numbered_call_its_own_model_call(db_url: str) -> None:
     """A LangGraph-style chain span around the whole run, whose output repeats its turns: the call `0` that failed and
     the same call sent again. Whatever order the spans arrive in (the chain first included), each of the two calls is
-    one row on the model call that made it, with its model, its verdict and its execution."""
+    one row on the model call that made it, with its model, its verdict and its execution: also where both model calls
+come in one request after the chain."""
     engine = make_engine(db_url)
     upgrade(engine)
     writer = SpanWriter(engine.dialect)
@@ -260,7 +261,8 @@ def test_a_chain_span_repeating_the_run_s_turns_leaves_each_numbered_call_its_ow
 
     turns = ["first", "failed", "again", "ran"]
     orders = [[[*turns, "chain"]], [["chain", *turns]], [["chain"], *[[n] for n in turns]],
-              [[n] for n in reversed(["chain", *turns])], [["chain", "first"], ["failed", "again", "ran"]]]
+              [[n] for n in reversed(["chain", *turns])], [["chain", "first"], ["failed", "again", "ran"]],
+              [["chain"], turns]]
     _write_in_orders(engine, writer, spans, orders)
     with engine.connect() as conn:
         rows = conn.execute(select(ToolCallRow).order_by(ToolCallRow.trace_id, ToolCallRow.start_time_ns)).all()
