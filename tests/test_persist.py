@@ -185,6 +185,29 @@ def test_a_numbered_call_id_s_execution_goes_to_the_call_made_last_before_it_ran
     assert [(r.arguments["city"], r.execution_result) for r in rows] == [(7, None), ("Oslo", "rain in Oslo")] * 8
 
 
+SECOND = 1_000_000_000
+# the same call to a server that numbers every call `0`, as the model sends it and as a chain span's history says it
+OSLO = [{"id": "0", "name": "get_weather", "arguments": {"city": "Oslo"}}]
+SAID = {"type": "ai", "content": "", "tool_calls": [{"name": "get_weather", "args": {"city": "Oslo"}, "id": "0"}]}
+
+
+def _oslo_turns(trace: str, parent: str | None = None) -> dict[str, Span]:
+    """An agent's two turns, a second apart each: the call (`first`, at 0 s), its execution failing (`failed`), the
+    very same call sent again (`again`, at 2 s) and its execution running well (`ran`)."""
+    def at(span: str, name: str, attributes: dict, seconds: float, status_code: int = 0) -> Span:
+        return make_span(trace, span * 8, name, attributes, parent=parent, status_code=status_code,
+                         start_ns=1_700_000_000 * SECOND + int(seconds * SECOND))
+
+    def ran(**more: str) -> dict[str, str]:
+        return {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "get_weather",
+                "gen_ai.tool.call.id": "0", **more}
+
+    return {"first": at("01", "chat", chat_attributes(OSLO), 0),
+            "failed": at("02", "execute_tool get_weather", ran(**{"error.type": "timeout"}), 1, status_code=2),
+            "again": at("03", "chat", chat_attributes(OSLO), 2),
+            "ran": at("04", "execute_tool get_weather", ran(**{"gen_ai.tool.call.result": "rain in Oslo"}), 3)}
+
+
 def test_the_same_call_sent_again_under_a_numbered_id_after_its_tool_failed_is_a_call_of_its_own(
         db_url: str) -> None:
     """A server that numbers every call `0`: the agent's call fails when it runs, and the model sends the very same
@@ -194,27 +217,11 @@ def test_the_same_call_sent_again_under_a_numbered_id_after_its_tool_failed_is_a
     engine = make_engine(db_url)
     upgrade(engine)
     writer = SpanWriter(engine.dialect)
-    second = 1_000_000_000
-    oslo = [{"id": "0", "name": "get_weather", "arguments": {"city": "Oslo"}}]
 
     def spans(trace: str) -> dict[str, Span]:
-        def at(span: str, name: str, attributes: dict, seconds: float, parent: str | None = None) -> Span:
-            return make_span(trace, span * 8, name, attributes, parent=parent,
-                             start_ns=1_700_000_000 * second + int(seconds * second))
-
-        def ran(**more: str) -> dict[str, str]:
-            return {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "get_weather",
-                    "gen_ai.tool.call.id": "0", **more}
-
-        said = {"type": "ai", "content": "", "tool_calls": [{"name": "get_weather", "args": {"city": "Oslo"},
-                                                             "id": "0"}]}
-        return {"first": at("01", "chat", chat_attributes(oslo), 0),
-                "failed": make_span(trace, "02" * 8, "execute_tool get_weather", ran(**{"error.type": "timeout"}),
-                                    start_ns=1_700_000_000 * second + 1 * second, status_code=2),
-                "again": at("03", "chat", chat_attributes(oslo), 2),
-                "chain": at("05", "agent", {"langsmith.span.kind": "chain",
-                                            "gen_ai.completion": json.dumps({"messages": [said]})}, 2),
-                "ran": at("04", "execute_tool get_weather", ran(**{"gen_ai.tool.call.result": "rain in Oslo"}), 3)}
+        chain = {"langsmith.span.kind": "chain", "gen_ai.completion": json.dumps({"messages": [SAID]})}
+        return {**_oslo_turns(trace),
+                "chain": make_span(trace, "05" * 8, "agent", chain, start_ns=1_700_000_000 * SECOND + 2 * SECOND)}
 
     orders = [[["first", "failed", "again", "chain", "ran"]], [["first"], ["failed"], ["again", "chain"], ["ran"]],
               [["ran"], ["chain"], ["again"], ["failed"], ["first"]], [["again", "ran"], ["first", "failed", "chain"]]]
@@ -231,33 +238,19 @@ def test_a_chain_span_repeating_the_run_s_turns_leaves_each_numbered_call_its_ow
     """A LangGraph-style chain span around the whole run, whose output repeats its turns: the call `0` that failed and
     the same call sent again. Whatever order the spans arrive in (the chain first included), each of the two calls is
     one row on the model call that made it, with its model, its verdict and its execution: also where both model calls
-come in one request after the chain."""
+    come in one request after the chain."""
     engine = make_engine(db_url)
     upgrade(engine)
     writer = SpanWriter(engine.dialect)
-    second = 1_000_000_000
-    oslo = [{"id": "0", "name": "get_weather", "arguments": {"city": "Oslo"}}]
-    said = {"type": "ai", "content": "", "tool_calls": [{"name": "get_weather", "args": {"city": "Oslo"}, "id": "0"}]}
-    run = [{"type": "human", "content": "Weather in Oslo?"}, said, {"type": "tool", "content": "timeout",
-           "tool_call_id": "0"}, said, {"type": "tool", "content": "rain in Oslo", "tool_call_id": "0"}]
+    run = [{"type": "human", "content": "Weather in Oslo?"}, SAID, {"type": "tool", "content": "timeout",
+           "tool_call_id": "0"}, SAID, {"type": "tool", "content": "rain in Oslo", "tool_call_id": "0"}]
 
     def spans(trace: str) -> dict[str, Span]:
-        def at(span: str, name: str, attributes: dict, seconds: float, status_code: int = 0) -> Span:
-            return make_span(trace, span * 8, name, attributes, parent="05" * 8, status_code=status_code,
-                             start_ns=1_700_000_000 * second + int(seconds * second))
-
-        def ran(**more: str) -> dict[str, str]:
-            return {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "get_weather",
-                    "gen_ai.tool.call.id": "0", **more}
-
         chain = make_span(trace, "05" * 8, "LangGraph", {"langsmith.span.kind": "chain",
                                                          "gen_ai.completion": json.dumps({"messages": run})},
-                          start_ns=1_700_000_000 * second)
-        chain.end_time_unix_nano = chain.start_time_unix_nano + 4 * second
-        return {"chain": chain, "first": at("01", "chat", chat_attributes(oslo), 0),
-                "failed": at("02", "execute_tool get_weather", ran(**{"error.type": "timeout"}), 1, status_code=2),
-                "again": at("03", "chat", chat_attributes(oslo), 2),
-                "ran": at("04", "execute_tool get_weather", ran(**{"gen_ai.tool.call.result": "rain in Oslo"}), 3)}
+                          start_ns=1_700_000_000 * SECOND)
+        chain.end_time_unix_nano = chain.start_time_unix_nano + 4 * SECOND
+        return {"chain": chain, **_oslo_turns(trace, parent="05" * 8)}
 
     turns = ["first", "failed", "again", "ran"]
     orders = [[[*turns, "chain"]], [["chain", *turns]], [["chain"], *[[n] for n in turns]],
@@ -267,7 +260,7 @@ come in one request after the chain."""
     with engine.connect() as conn:
         rows = conn.execute(select(ToolCallRow).order_by(ToolCallRow.trace_id, ToolCallRow.start_time_ns)).all()
     engine.dispose()
-    assert [(r.span_id, r.start_time_ns % (10 * second) // second, r.model, r.name_valid, r.execution_status)
+    assert [(r.span_id, r.start_time_ns % (10 * SECOND) // SECOND, r.model, r.name_valid, r.execution_status)
             for r in rows] == [("01" * 8, 0, "llama3.1-8b", True, "error"),
                                ("03" * 8, 2, "llama3.1-8b", True, "success")] * len(orders)
 
