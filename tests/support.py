@@ -113,6 +113,16 @@ def export_request(spans: list[Span], resource: Mapping[str, Any] | None = None)
     return request.SerializeToString()
 
 
+def sidecar_and_agent_requests() -> list[bytes]:
+    """One answer behind the reviser sidecar, as the store gets it twice, each in a trace of its own: the model's call
+    as sent (`city` a number where the schema wants a string), traced by the sidecar (`tracemill-serve`), and the
+    revised call the agent got, traced by the agent (`weather-agent`)."""
+    sent = chat_attributes([{"id": "call_Xk2pQ9rT", "name": "get_weather", "arguments": {"city": 7}}])
+    got = chat_attributes([{"id": "call_Xk2pQ9rT", "name": "get_weather", "arguments": {"city": "7"}}])
+    return [export_request([make_span(trace, "01" * 8, "chat", attributes)], {"service.name": service})
+            for trace, attributes, service in (("a1" * 16, sent, "tracemill-serve"), ("b2" * 16, got, "weather-agent"))]
+
+
 def store_as_before(engine: Engine, body: bytes, later_columns: tuple[str, ...]) -> None:
     """What a writer of an earlier revision stored of one request (`body`): its spans, and its calls without the
     columns later revisions added (the store must be at that revision)."""

@@ -174,14 +174,6 @@ def plateau(tmp_path_factory):
     return {"folder": folder, "db": db, "first": first, "second": second}
 
 
-def held_out_rows(db: str, dataset_id: int) -> int:
-    engine = open_store(db)
-    with engine.connect() as conn:
-        card = conn.execute(select(DatasetRow.card).where(DatasetRow.id == dataset_id)).scalar_one()
-    engine.dispose()
-    return card["splits"]["eval"]["rows"]
-
-
 def copy_store(db: str, folder: Path) -> str:
     """A copy of a SQLite store (the online backup: the WAL's pages included)."""
     source, target = sqlite3.connect(db.removeprefix("sqlite:///")), sqlite3.connect(folder / "copy.db")
@@ -242,7 +234,7 @@ def test_a_cycle_waits_for_the_held_out_rows_its_gate_needs_and_the_next_one_rea
                              mining=Mining(eval_share=0.02), gate=Gate(min_held_out_cases=30))
     first = run_cycle(settings)
     again = run_cycle(settings)
-    held_out = held_out_rows(db, first.dataset_id)
+    held_out = sum(r["split"] == "eval" for r in _dataset_rows(db, first.dataset_id))
     assert first.decision == "wait" and first.model_id is None and held_out < 30
     assert "stopped paying" in first.reason and f"{held_out} held-out row(s) mined, fewer than the 30" in first.reason
     assert (again.decision, again.since_call_id, again.new_calls) == ("wait", None, first.new_calls)

@@ -20,7 +20,7 @@ from tracemill.store.engine import make_engine
 from tracemill.store.migrate import upgrade
 from tracemill.store.tables import ToolCallRow
 
-from support import chat_attributes, export_request, make_span, store_as_before
+from support import chat_attributes, export_request, make_span, sidecar_and_agent_requests, store_as_before
 
 LONG_PROMPT = "Plan a trip to Oslo. " * 100  # over PAYLOAD_MIN_CHARS: stored once in `payloads`
 
@@ -171,10 +171,7 @@ def test_the_sidecar_s_record_of_an_answer_and_what_the_agent_got_are_told_apart
     engine = make_engine(db_url)
     upgrade(engine)
     writer = SpanWriter(engine.dialect)
-    sent = chat_attributes([{"id": "call_Xk2pQ9rT", "name": "get_weather", "arguments": {"city": 7}}])
-    got = chat_attributes([{"id": "call_Xk2pQ9rT", "name": "get_weather", "arguments": {"city": "7"}}])
-    for trace, attributes, service in (("a1" * 16, sent, "tracemill-serve"), ("b2" * 16, got, "weather-agent")):
-        body = export_request([make_span(trace, "01" * 8, "chat", attributes)], {"service.name": service})
+    for body in sidecar_and_agent_requests():
         with engine.begin() as conn:
             writer.write(conn, writer.prepare(decode_protobuf(body, Limits(1 << 20)).spans))
         writer.committed()

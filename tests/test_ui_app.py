@@ -23,7 +23,14 @@ from tracemill.store.tables import ModelRow, ReviewQueueRow, ToolCallRow, utcnow
 from tracemill.ui import decide, deploy, users
 from tracemill.ui.access import Identity, NotAllowed, Role
 
-from support import CHAT_WITHOUT_OUTPUT, CollectorProcess, chat_attributes, export_request, logs_request, make_span
+from support import (
+    CHAT_WITHOUT_OUTPUT,
+    CollectorProcess,
+    export_request,
+    logs_request,
+    make_span,
+    sidecar_and_agent_requests,
+)
 
 APP = Path(__file__).resolve().parents[1] / "ui" / "app.py"
 PAGES = ("traces", "failures", "review", "datasets", "models")
@@ -284,11 +291,7 @@ def test_failure_modes_read_one_service_s_calls(tmp_path: Path, monkeypatch: pyt
     """Behind the reviser sidecar each answer is stored twice: the model's answer as sent (the sidecar's service) and
     the call the agent got once it was revised (the agent's). The failure-modes page counts either."""
     url = f"sqlite:///{tmp_path / 'services.db'}"
-    sent = chat_attributes([{"id": "call_Xk2pQ9rT", "name": "get_weather", "arguments": {"city": 7}}])
-    got = chat_attributes([{"id": "call_Xk2pQ9rT", "name": "get_weather", "arguments": {"city": "7"}}])
-    _collected(url, tmp_path, [
-        ("traces", export_request([make_span(trace, "01" * 8, "chat", attributes)], {"service.name": service}))
-        for trace, attributes, service in (("a1" * 16, sent, "tracemill-serve"), ("b2" * 16, got, "weather-agent"))])
+    _collected(url, tmp_path, [("traces", body) for body in sidecar_and_agent_requests()])
     try:
         at = _app_on(url, "vic", Role.VIEWER, monkeypatch)
         at.switch_page("pages/failures.py").run()
