@@ -3,6 +3,7 @@
 The ranking is checked against a plain statement of it (below, `_ranked_plainly`): the caches, bounds and memos that
 make `build_prompt` cheap must never change which tools a model is shown."""
 
+import itertools
 import json
 import random
 
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 from tracemill.miner.part import prompt_digest
 from tracemill.names import match_tool, similarity
 from tracemill.reader import read
-from tracemill.reviser_prompt import PromptSettings, build_prompt, nearest_tools
+from tracemill.reviser_prompt import PromptSettings, build_prompt, conversation, nearest_tools
 from tracemill.tools import base_key, load_mcp_bench, name_key, tool_index
 
 SERVERS = load_mcp_bench()
@@ -112,3 +113,53 @@ def test_the_digest_is_of_the_prompt_with_each_run_of_whitespace_made_one_space(
     prompt = build_prompt(text, index, context, PromptSettings(system=system))
     whole = "\x1e".join(f"{m['role']}\x1f{' '.join(m['content'].split())}" for m in prompt.messages)
     assert prompt_digest(prompt) == xxhash.xxh3_128_hexdigest(whole.encode())
+
+
+def _turns_plainly(context: list[dict[str, str]], budget: int) -> list[str]:
+    """The turns a prompt shows, stated plainly: every turn but the system's read, the user's last request kept (cut
+    to the budget where it alone is over it), then the others from the newest back while they fit."""
+    lines = [f"{m['role']}: {m['content']}" for m in context if m["role"] != "system" and m["content"]]
+    requests = [i for i, m in enumerate(m for m in context if m["role"] != "system" and m["content"])
+                if m["role"] == "user"]
+    kept, used = {}, 0
+    if requests:
+        line = lines[requests[-1]]
+        if len(line) // 4 + 1 > budget:
+            line = line[: max(1, len(line) * budget // (len(line) // 4 + 1))]
+        kept[requests[-1]], used = line, len(line) // 4 + 1
+    for i in reversed(range(len(lines))):
+        if i in kept:
+            continue
+        if used + len(lines[i]) // 4 + 1 > budget:
+            break
+        kept[i], used = lines[i], used + len(lines[i]) // 4 + 1
+    return [kept[i] for i in sorted(kept)]
+
+
+def test_a_conversation_keeps_the_user_s_last_request_and_the_newest_turns_that_fit_its_budget():
+    texts = ["", "ok", "find the paper 2101.00001", "y" * 400]
+    turns = [{"role": role, "content": text} for role in ("system", "user", "tool") for text in texts]
+    checked = 0
+    for length in range(5):
+        for context in itertools.product(turns, repeat=length):
+            for budget in (1, 12, 120):
+                assert conversation(list(context), budget) == _turns_plainly(list(context), budget), (context, budget)
+                checked += 1
+    assert checked > 60_000
+
+
+_MANY = max(TOOLSETS, key=len)
+_ASKS = ["", *(tool.description for tool in list(_MANY.values())[::13])]  # requests in a tool's words
+
+
+@settings(max_examples=100)
+@given(turns=st.lists(st.tuples(st.sampled_from(["system", "user", "assistant"]), st.sampled_from(_ASKS)), max_size=8))
+def test_a_prompt_shows_the_turns_kept_and_ranks_tools_by_the_user_s_last_request(turns):
+    index = _MANY
+    context = [{"role": role, "content": text} for role, text in turns]
+    prompt = build_prompt("Sure, here you go.", index, context, PromptSettings(max_tools=2, budget_tokens=40))
+    user = prompt.messages[-1]["content"]
+    kept = conversation(context, 40)
+    assert ("<conversation>\n" + "\n".join(kept) + "\n</conversation>" in user) == bool(kept)
+    requests = [text for role, text in turns if role == "user"]
+    assert prompt.tools == tuple(nearest_tools("Sure, here you go.", index, requests[-1] if requests else "", 2))

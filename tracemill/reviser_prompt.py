@@ -260,31 +260,56 @@ def conversation(context: Sequence[Any] | None, budget_tokens: int,
                  count_tokens: Callable[[str], int] = approx_tokens) -> list[str]:
     """The turns of a conversation as `role: text` lines: the newest that fit the budget, in order. The user's last
     request is always kept, cut to the budget when it alone is over it. System prompts are left out."""
-    return _kept_turns([message_text(m) for m in context or ()], budget_tokens, count_tokens)
+    return _newest_turns(context or (), budget_tokens, count_tokens)[0]
 
 
-def _kept_turns(turns: list[tuple[str, str]], budget_tokens: int, count_tokens: Callable[[str], int]) -> list[str]:
-    lines = [f"{role}: {text}" for role, text in turns if role not in _NOT_CONVERSATION and text]
-    roles = [role for role, text in turns if role not in _NOT_CONVERSATION and text]
-    request = max((i for i, role in enumerate(roles) if role in ("user", "human")), default=None)
-    kept: dict[int, str] = {}
-    used = 0
-    if request is not None:
-        line = lines[request]
-        cost = count_tokens(line)
-        if cost > budget_tokens:
-            line = line[: max(1, len(line) * budget_tokens // cost)]
-        kept[request] = line
-        used = count_tokens(line)
-    for i in range(len(lines) - 1, -1, -1):
-        if i == request:
+def _newest_turns(context: Sequence[Any], budget_tokens: int,
+                  count_tokens: Callable[[str], int]) -> tuple[list[str], str]:
+    """`conversation`'s turns, and the text of the user's last request (`nearest_tools` ranks by its words). Messages
+    are read from the newest back, and no further than the budget reaches: an agent's context runs to hundreds of
+    turns, and each of its calls would read them all again."""
+    messages = reversed(context)
+    newer: list[str] = []  # the lines after the request, the newest first
+    request: str | None = None  # the request's text, for ranking: the last user turn's, even where empty
+    asked: str | None = None  # the request's line, the last user turn with text: kept whatever the budget
+    for message in messages:
+        role, text = message_text(message)
+        if role not in ("user", "human"):
+            if role not in _NOT_CONVERSATION and text:
+                newer.append(f"{role}: {text}")
             continue
-        cost = count_tokens(lines[i])
+        if request is None:
+            request = text
+        if text:
+            asked = f"{role}: {text}"
+            break
+    used = 0
+    if asked is not None:
+        cost = count_tokens(asked)
+        if cost > budget_tokens:
+            asked = asked[: max(1, len(asked) * budget_tokens // cost)]
+        used = count_tokens(asked)
+    kept_newer: list[str] = []
+    older: list[str] = []
+    for line in newer:
+        cost = count_tokens(line)
         if used + cost > budget_tokens:
             break
-        kept[i] = lines[i]
+        kept_newer.append(line)
         used += cost
-    return [kept[i] for i in sorted(kept)]
+    else:  # every later turn fits: the turns before the request, while they fit
+        for message in messages:
+            role, text = message_text(message)
+            if role in _NOT_CONVERSATION or not text:
+                continue
+            line = f"{role}: {text}"
+            cost = count_tokens(line)
+            if used + cost > budget_tokens:
+                break
+            older.append(line)
+            used += cost
+    turns = [*reversed(older), *([asked] if asked is not None else []), *reversed(kept_newer)]
+    return turns, request or ""
 
 
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
@@ -315,19 +340,14 @@ def _tool_line(tool: Tool, settings: PromptSettings) -> str:
     return orjson.dumps(shown).decode()
 
 
-def _request(turns: Sequence[tuple[str, str]]) -> str:
-    return next((text for role, text in reversed(turns) if role in ("user", "human")), "")
-
-
 def build_prompt(raw: str, index: Mapping[str, Tool], context: Sequence[Any] | None = None,
                  settings: PromptSettings = PromptSettings(),
                  count_tokens: Callable[[str], int] = approx_tokens, reading: Reading | None = None) -> ReviserPrompt:
     """The reviser's prompt for one model output (`index`: the tools offered, as `tool_index` builds them;
     `reading`: `read(raw, index)` where the caller has it already)."""
-    read_turns = [message_text(m) for m in context or ()]
+    turns, request = _newest_turns(context or (), settings.budget_tokens, count_tokens)
     catalog = _catalog(index)
-    nearest = _nearest(raw, index, catalog, _request(read_turns), settings.max_tools, reading)
-    turns = _kept_turns(read_turns, settings.budget_tokens, count_tokens)
+    nearest = _nearest(raw, index, catalog, request, settings.max_tools, reading)
     lines = catalog.lines
     for position, tool in nearest:
         if (settings, position) not in lines:
