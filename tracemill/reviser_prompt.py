@@ -241,13 +241,19 @@ def _call_text(name: Any, arguments: Any) -> str:
     return f"{name}({shown})"
 
 
+def _role(message: Any) -> str:
+    if type(message) is not dict and not isinstance(message, Mapping):
+        return "user"
+    return str(message.get("role") or message.get("type") or "user")
+
+
 def message_text(message: Any) -> tuple[str, str]:
     """(role, text) of one conversation message: OpenAI chat, GenAI (`parts`) or LangChain shaped, or a string."""
     if isinstance(message, str):
         return "user", message
     if type(message) is not dict and not isinstance(message, Mapping):
         return "user", _text(message)
-    role = str(message.get("role") or message.get("type") or "user")
+    role = _role(message)
     pieces = [_text(message.get("parts") if "parts" in message else message.get("content"))]
     for call in message.get("tool_calls") or ():
         if isinstance(call, Mapping):
@@ -265,51 +271,50 @@ def conversation(context: Sequence[Any] | None, budget_tokens: int,
 
 def _newest_turns(context: Sequence[Any], budget_tokens: int,
                   count_tokens: Callable[[str], int]) -> tuple[list[str], str]:
-    """`conversation`'s turns, and the text of the user's last request (`nearest_tools` ranks by its words). Messages
-    are read from the newest back, and no further than the budget reaches: an agent's context runs to hundreds of
-    turns, and each of its calls would read them all again."""
-    messages = reversed(context)
-    newer: list[str] = []  # the lines after the request, the newest first
+    """`conversation`'s turns, and the text of the user's last request (`nearest_tools` ranks by its words). Only the
+    messages the budget reaches are read, from the newest back: an agent's context runs to hundreds of turns, and each
+    of its calls would read them all again."""
     request: str | None = None  # the request's text, for ranking: the last user turn's, even where empty
     asked: str | None = None  # the request's line, the last user turn with text: kept whatever the budget
-    for message in messages:
-        role, text = message_text(message)
-        if role not in ("user", "human"):
-            if role not in _NOT_CONVERSATION and text:
-                newer.append(f"{role}: {text}")
-            continue
-        if request is None:
-            request = text
-        if text:
-            asked = f"{role}: {text}"
-            break
+    at = -1
+    for i in range(len(context) - 1, -1, -1):
+        if _role(context[i]) in ("user", "human"):
+            role, text = message_text(context[i])
+            if request is None:
+                request = text
+            if text:
+                asked, at = f"{role}: {text}", i
+                break
     used = 0
     if asked is not None:
         cost = count_tokens(asked)
         if cost > budget_tokens:
             asked = asked[: max(1, len(asked) * budget_tokens // cost)]
         used = count_tokens(asked)
-    kept_newer: list[str] = []
-    older: list[str] = []
-    for line in newer:
+    newer, used, full = _lines_that_fit(context, range(len(context) - 1, at, -1), used, budget_tokens, count_tokens)
+    older = _lines_that_fit(context, range(at - 1, -1, -1), used, budget_tokens, count_tokens)[0] if not full else []
+    turns = [*reversed(older), *([asked] if asked is not None else []), *reversed(newer)]
+    return turns, request or ""
+
+
+def _lines_that_fit(context: Sequence[Any], indices: range, used: int, budget_tokens: int,
+                    count_tokens: Callable[[str], int]) -> tuple[list[str], int, bool]:
+    """The `role: text` lines of the messages at `indices`, in that order, while they fit the budget: the lines, the
+    tokens then used and whether one did not fit."""
+    lines: list[str] = []
+    for i in indices:
+        if _role(context[i]) in _NOT_CONVERSATION:
+            continue
+        role, text = message_text(context[i])
+        if not text:
+            continue
+        line = f"{role}: {text}"
         cost = count_tokens(line)
         if used + cost > budget_tokens:
-            break
-        kept_newer.append(line)
+            return lines, used, True
+        lines.append(line)
         used += cost
-    else:  # every later turn fits: the turns before the request, while they fit
-        for message in messages:
-            role, text = message_text(message)
-            if role in _NOT_CONVERSATION or not text:
-                continue
-            line = f"{role}: {text}"
-            cost = count_tokens(line)
-            if used + cost > budget_tokens:
-                break
-            older.append(line)
-            used += cost
-    turns = [*reversed(older), *([asked] if asked is not None else []), *reversed(kept_newer)]
-    return turns, request or ""
+    return lines, used, False
 
 
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
