@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -24,6 +22,8 @@ from typing import Any
 
 from tracemill.reviser_prompt import PromptSettings, build_prompt
 from tracemill.tools import load_mcp_bench, tool_index
+
+from mine import loop_seconds, machine, save
 
 STEPS = (10, 100, 400)
 RAW = 'I will search again. {"name": "search_places", "arguments": {"query": "cafes in Oslo", "radius": "500"}}'
@@ -65,16 +65,10 @@ def main() -> None:
         runs = [micros_per_prompt(context, index, settings) for _ in range(args.repeat)]
         loops.append({"steps": steps, "turns": len(context), "context_chars": len(json.dumps(context)),
                       "median_us": round(statistics.median(runs), 1), "runs_us": [round(r, 1) for r in runs]})
-    figures = {
-        "machine": {"python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
-                    "cpus": os.cpu_count(), "system": platform.platform()},
-        "budget_tokens": settings.budget_tokens,
-        "loops": loops,
-    }
+    figures = {"machine": machine(), "loop_seconds": loop_seconds(), "budget_tokens": settings.budget_tokens,
+               "loops": loops}
     print(json.dumps(figures, indent=2))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(figures, indent=2) + "\n")
+    save(figures, args.out)
 
 
 if __name__ == "__main__":
