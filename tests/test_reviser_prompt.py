@@ -118,9 +118,9 @@ def test_the_digest_is_of_the_prompt_with_each_run_of_whitespace_made_one_space(
 def _turns_plainly(context: list[dict[str, str]], budget: int) -> list[str]:
     """The turns a prompt shows, stated plainly: every turn but the system's read, the user's last request kept (cut
     to the budget where it alone is over it), then the others from the newest back while they fit."""
-    lines = [f"{m['role']}: {m['content']}" for m in context if m["role"] != "system" and m["content"]]
-    requests = [i for i, m in enumerate(m for m in context if m["role"] != "system" and m["content"])
-                if m["role"] == "user"]
+    shown = [m for m in context if m["role"] != "system" and m["content"]]
+    lines = [f"{m['role']}: {m['content']}" for m in shown]
+    requests = [i for i, m in enumerate(shown) if m["role"] == "user"]
     kept, used = {}, 0
     if requests:
         line = lines[requests[-1]]
