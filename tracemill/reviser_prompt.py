@@ -85,13 +85,17 @@ def _keys(name: str) -> tuple[str, str]:
     return name_key(name), base_key(name)
 
 
+# by keys, not names: spellings of a name share them, and a name's base key is often another's (`Server:get_x`, `get_x`)
+_key_similarity = lru_cache(maxsize=131072)(similarity)
+
+
 @lru_cache(maxsize=65536)
 def _name_score(name: str, tool: str) -> float:
     (full_a, short_a), (full_b, short_b) = _keys(name), _keys(tool)
-    full = similarity(full_a, full_b)
+    full = _key_similarity(full_a, full_b)
     if (short_a, short_b) == (full_a, full_b):  # neither name has a prefix: the same pair
         return full
-    return max(full, similarity(short_a, short_b))
+    return max(full, _key_similarity(short_a, short_b))
 
 
 @lru_cache(maxsize=65536)
@@ -117,12 +121,13 @@ def _may_beat(name: str, tool: str, best: float) -> bool:
 @lru_cache(maxsize=16384)
 def _name_scores(names: tuple[str, ...], tools: tuple[str, ...]) -> tuple[float, ...]:
     """Each tool's best name score against the names an output gives (outputs repeat names: computed once). A pair
-    whose bound cannot beat the best score so far is not scored."""
+    whose bound cannot beat the best score so far is not scored; while that best is 0 no bound is asked (a bound of 0
+    is a score of 0)."""
     scores = []
     for tool in tools:
         best = 0.0
         for name in names:
-            if _may_beat(name, tool, best):
+            if not best or _may_beat(name, tool, best):
                 best = max(best, _name_score(name, tool))
         scores.append(best)
     return tuple(scores)
