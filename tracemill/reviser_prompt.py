@@ -86,10 +86,9 @@ def _keys(name: str) -> tuple[str, str]:
 
 
 # by keys, not names: spellings of a name share them, and a name's base key is often another's (`Server:get_x`, `get_x`)
-_key_similarity = lru_cache(maxsize=131072)(similarity)
+_key_similarity = lru_cache(maxsize=65536)(similarity)
 
 
-@lru_cache(maxsize=65536)
 def _name_score(name: str, tool: str) -> float:
     (full_a, short_a), (full_b, short_b) = _keys(name), _keys(tool)
     full = _key_similarity(full_a, full_b)
