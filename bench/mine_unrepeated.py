@@ -2,7 +2,7 @@
 with the name-ranking caches as they are, then with them emptied before every batch of calls.
 
 The store (`bench/mine.py`) repeats a base corpus of 26,870 calls 37 times, each copy with its own trace ids and user
-request but the same model outputs. The tool-name scores behind a prompt's nearest tools are remembered by name
+request but the same model outputs. The tool-name scores behind a prompt's nearest tools are remembered
 (`tracemill.reviser_prompt`), so from the second copy on nearly every ranking is a cache hit; production traffic repeats
 tool names and toolsets, but not a whole corpus of misspelled names. Emptying the caches before each batch of 2,000
 calls is the other end: no name is remembered from one batch to the next. Real traffic lies between the two; the
@@ -70,7 +70,7 @@ def _timed_rankings() -> list[float]:
 
 
 def run(url: str, after: int, upto: int) -> dict[str, Any]:
-    """One window mined in this process (20 % of valid calls sampled, a tenth of traces to eval); wall and CPU
+    """One window mined in this process (a quarter of the valid calls sampled, a tenth of traces to eval); wall and CPU
     seconds, rows, a hash of the lines written, and the rankings worked out anew with their seconds."""
     rankings = _timed_rankings()
     with tempfile.TemporaryDirectory() as work:
