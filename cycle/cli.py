@@ -134,10 +134,10 @@ def _summary(done: Any) -> str:
 
 
 def _history(db_url: str | None, limit: int, as_json: bool) -> None:
-    from rich.console import Console
     from rich.table import Table
     from sqlalchemy import select
 
+    from tracemill.console import print_table
     from tracemill.cycle.record import history
     from tracemill.rates import percent
     from tracemill.store.cli import open_store
@@ -167,4 +167,4 @@ def _history(db_url: str | None, limit: int, as_json: bool) -> None:
         table.add_row(str(r.id), f"{r.started_at:%Y-%m-%d %H:%M}", r.status, f"{r.new_calls} / {r.new_failures}",
                       str(datasets.get(r.dataset_id, "-")), r.decision or "-", models.get(r.model_id, "-"), *pair,
                       "yes" if r.deployed else "no", why or "-")
-    Console(width=220).print(table)
+    print_table(table)

@@ -101,9 +101,10 @@ def _print_table(title: str, heads: list[str], body: list[list[str]], markdown: 
         lines += ["| " + " | ".join(map(_cell, row)) + " |" for row in body]
         click.echo("\n".join(lines))
         return
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
+
+    from tracemill.console import print_table
 
     table = Table(title=escape(title))  # tool, model and harness names come from traces: `[/x]` is not markup
     for i, head in enumerate(heads):
@@ -111,7 +112,7 @@ def _print_table(title: str, heads: list[str], body: list[list[str]], markdown: 
                          overflow="fold")
     for row in body:
         table.add_row(*map(escape, row))
-    Console().print(table)
+    print_table(table)
 
 
 def _cell(text: str) -> str:

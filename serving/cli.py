@@ -156,8 +156,9 @@ def deployments(limit: int, as_json: bool, db_url: str | None) -> None:
         click.echo(json.dumps({"active": state.active.name, "canary": canary,
                                "history": [r.to_dict() for r in rows]}, indent=2, default=str))
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from tracemill.console import print_table
 
     serving = f"{state.active.name} active" + (f", {state.canary.name} canary at {state.canary_percent:g} %"
                                                if state.canary else "")
@@ -168,4 +169,4 @@ def deployments(limit: int, as_json: bool, db_url: str | None) -> None:
         why = r.justification.get("note") or ", ".join(f"{k}" for k in r.justification) or ""
         table.add_row(str(r.id), r.created_at, r.action, r.role, r.version or "—",
                       f"{r.canary_percent:g} %" if r.canary_percent is not None else "", r.actor, why)
-    Console().print(table)
+    print_table(table)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 
 from click.testing import CliRunner
@@ -40,6 +42,8 @@ GOOD = {"name": "get_weather", "arguments": {"city": "Oslo"}}
 WRONG_TYPE = {"name": "get_weather", "arguments": {"city": 7}}
 BAD_ENUM = {"name": "get_weather", "arguments": {"city": "Oslo", "units": "kelvin"}}
 UNKNOWN_TOOL = {"name": "get_wether", "arguments": {"city": "Rome"}}
+# a terminal 80 columns wide that draws no colours (Rich reads TTY_COMPATIBLE)
+TERMINAL_80 = {"TTY_COMPATIBLE": "1", "TERM": "dumb", "COLUMNS": "80"}
 
 
 def _store(db_url: str, plan: dict[str, list[tuple[dict, int]]], model: str = "qwen3",  # type: ignore[no-untyped-def]
@@ -162,7 +166,7 @@ def test_names_from_traces_print_as_they_are_in_the_table_and_markdown(sqlite_ur
     odd = [({"name": "x[/y]", "arguments": {}}, 2), ({"name": "a|b\nc", "arguments": {}}, 1), (GOOD, 7)]
     _store(sqlite_url, {"v1": odd})
     runner = CliRunner()
-    table = runner.invoke(main, ["failures", "--db", sqlite_url, "--by", "tool"], env={"COLUMNS": "120"})
+    table = runner.invoke(main, ["failures", "--db", sqlite_url, "--by", "tool"])
     assert table.exit_code == 0, table.output
     assert "x[/y]" in table.output
     markdown = runner.invoke(main, ["failures", "--db", sqlite_url, "--by", "tool", "--markdown"])
@@ -172,6 +176,18 @@ def test_names_from_traces_print_as_they_are_in_the_table_and_markdown(sqlite_ur
     rows = [line for line in lines if line.startswith(("| x[", "| a"))]
     assert [r.split(" | ")[0] for r in rows] == ["| x[/y]", "| a\\|b c"]
     assert all(len(re.findall(r"(?<!\\)\|", r)) == 7 for r in rows)  # six cells: no name adds a column
+
+
+def test_the_table_written_to_a_pipe_keeps_every_mode_on_one_line(sqlite_url: str) -> None:
+    """`tracemill failures | less`, `> report.txt`: no terminal to fit, so no label is folded over several lines."""
+    long = {"name": "search_scientific_publications_by_keyword_and_year", "arguments": {"query": "x"}}
+    _store(sqlite_url, {"v1": [(long, 2), (WRONG_TYPE, 1), (GOOD, 7)]})
+    done = subprocess.run([sys.executable, "-m", "tracemill.cli", "failures", "--db", sqlite_url],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    label = "search_scientific_publications_by_keyword_and_year · tool_name · unknown_tool · /name"
+    assert re.search(rf"│ {re.escape(label)} +│ +2 │ 20\.0% │", done.stdout), done.stdout
+    assert max(map(len, done.stdout.splitlines())) > 80
 
 
 def test_a_trend_is_drawn_from_zero_to_the_modes_highest_daily_rate() -> None:
@@ -186,10 +202,11 @@ def test_a_trend_is_drawn_from_zero_to_the_modes_highest_daily_rate() -> None:
 def test_the_command_prints_a_table_json_markdown_and_a_comparison(sqlite_url: str) -> None:
     _store(sqlite_url, {"v1": [(GOOD, 8), (WRONG_TYPE, 2)], "v2": [(GOOD, 9), (UNKNOWN_TOOL, 1)]})
     runner = CliRunner()
-    table = runner.invoke(main, ["failures", "--db", sqlite_url], env={"COLUMNS": "80"})
+    table = runner.invoke(main, ["failures", "--db", sqlite_url], env=TERMINAL_80)
     assert table.exit_code == 0, table.output
     assert "wrong_type" in table.output and "unknown_tool" in table.output
     # at 80 columns the labels and lists fold; each mode's count, share and trend stay whole on its first line
+    assert max(map(len, table.output.splitlines())) == 80, table.output
     assert re.search(r"│ +2 │ 10\.0% │ ██ 10\.0%→10\.0% │", table.output), table.output
     assert re.search(r"│ +1 │  5\.0% │  █▁ 10\.0%→0\.0% │", table.output), table.output
     as_json = json.loads(runner.invoke(main, ["failures", "--db", sqlite_url, "--json"]).output)

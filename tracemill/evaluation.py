@@ -178,6 +178,8 @@ def eval_command(source: str, specs: tuple[str, ...], seed: int, limit: int | No
     from rich.progress import Progress
     from rich.table import Table
 
+    from tracemill.console import print_table
+
     names = [s.strip() for spec in (specs or DEFAULT_REVISERS) for s in spec.split(",") if s.strip()]
     try:
         revisers = {name: make_reviser(name) for name in names}
@@ -207,4 +209,4 @@ def eval_command(source: str, specs: tuple[str, ...], seed: int, limit: int | No
         table.add_column(m.reviser, justify="right")
     for label, values in report.rows():
         table.add_row(label, *values)
-    Console().print(table)
+    print_table(table)

@@ -102,8 +102,9 @@ def stats(db_url: str | None, by: str | None, where: CallFilter, since: datetime
     if as_json:
         click.echo(json.dumps({**asdict(overall), "groups": {k: asdict(v) for k, v in groups.items()}}, indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from tracemill.console import print_table
 
     table = Table(title="Tool calls (MCP-Bench rule-based metrics)")
     table.add_column("group", no_wrap=True)
@@ -113,4 +114,4 @@ def stats(db_url: str | None, by: str | None, where: CallFilter, since: datetime
     for label, m in rows:
         table.add_row(label, str(m.total_calls), percent(m.valid_tool_name_rate), percent(m.input_schema_compliance),
                       percent(m.execution_success_rate), percent(m.valid_call_failure_rate))
-    Console().print(table)
+    print_table(table)

@@ -72,8 +72,9 @@ def models() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print them as JSON.")
 def list_command(db_url: str | None, as_json: bool) -> None:
     """Every trained version: base, kind, data, and its eval figures beside `rules`."""
-    from rich.console import Console
     from rich.table import Table
+
+    from tracemill.console import print_table
 
     rows = list_models(read_store(db_url))
     if as_json:
@@ -93,4 +94,4 @@ def list_command(db_url: str | None, as_json: bool) -> None:
                 for k in ("ok_rate", "reference_match", "valid_changed")]
         table.add_row(r.name, r.kind, r.base_model, (r.dataset_hash or "-")[:12], *pair,
                       r.created_at.strftime("%Y-%m-%d %H:%M"))
-    Console(width=200).print(table)
+    print_table(table)
