@@ -10,7 +10,10 @@ miner mines it like any agent's traffic.
   linked to the span it revised (an OpenTelemetry link, and `tracemill.serving.revision_of`): it is the reviser's work,
   and the miner, which looks for an agent's own repairs within a trace, must not take it for one.
 
-The parent is the agent's span when the request carries W3C trace context (`traceparent`).
+Both are roots of traces of the sidecar's. A request that carries W3C trace context (`traceparent`) gets its `chat` span
+linked to the agent's span, not made its child: within one trace a call id drawn at random is one call
+(`collector/same_call.py`), and the model's call as sent would take the place of the revised call the agent got and
+ran.
 """
 
 from __future__ import annotations
@@ -101,8 +104,9 @@ def record(exchange: Exchange) -> None:
 
 def _record(exchange: Exchange) -> None:
     model = str(exchange.body.get("model", ""))
-    context = propagate.extract(dict(exchange.headers))
-    span = _start(exchange, model, f"chat {model}", SpanKind.CLIENT, context)
+    agent = trace.get_current_span(propagate.extract(dict(exchange.headers))).get_span_context()
+    span = _start(exchange, model, f"chat {model}", SpanKind.CLIENT, Context(),
+                  [trace.Link(agent)] if agent.is_valid else [])
     _output(span, exchange, exchange.original, exchange.response_model)
     outcome = _outcome(exchange)
     steps = sorted({s.kind.value for r in exchange.revised if r is not None for s in r.steps})

@@ -29,7 +29,7 @@ from tracemill.store.tables import SpanRow, ToolCallRow
 from tracemill.tools import Tool, load_mcp_bench, tool_index
 from tracemill.verify import ToolCall, verify
 
-from support import WEATHER_TOOLS
+from support import WEATHER_TOOLS, chat_attributes, export_request, make_span
 
 
 @dataclass
@@ -215,6 +215,60 @@ def test_traces_land_in_a_real_collector(model, start_proxy, start_collector, sq
     revised = [c for c in calls if c.model == "tracemill-reviser:rules"]
     assert revised and all(c.stage is None for c in revised)  # what the client got verifies at ingest
     assert any(c.stage is not None for c in originals)  # what the model sent failed, and is kept for mining
+
+
+def _stored(url: str, until: Any) -> tuple[list[SpanRow], list[ToolCallRow]]:
+    """The store's spans and calls once `until(spans, calls)` holds (or after 20 s)."""
+    engine = make_engine(url)
+    deadline = time.monotonic() + 20
+    while True:
+        with Session(engine) as session:
+            spans = list(session.execute(select(SpanRow)).scalars())
+            calls = list(session.execute(select(ToolCallRow)).scalars())
+        if until(spans, calls) or time.monotonic() > deadline:
+            engine.dispose()
+            return spans, calls
+        time.sleep(0.2)
+
+
+def test_an_agent_s_trace_context_links_the_sidecar_s_record_and_leaves_the_agent_s_calls_its_own(
+        model, start_proxy, start_collector, sqlite_url: str) -> None:
+    """An agent whose HTTP client sends W3C trace context (`traceparent`, as OpenTelemetry's httpx instrumentation
+    does) gets the sidecar's `chat` span linked to its own span, in a trace of the sidecar's: within one trace a call
+    id drawn at random is one call, so the model's broken call there would take the place of the revised call the agent
+    got and ran, whichever record arrived first."""
+    import tracemill.sdk as tm
+
+    scripted, upstream = model
+    sent = {"id": "call_Xk2pQ9rT", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": 7}'}}
+    scripted.replies["Weather in 7?"] = Reply(tool_calls=[sent])
+    agent_trace, agent_span = "a1" * 16, "01" * 8
+    collector = start_collector(sqlite_url)
+    tm.init(collector.url, service_name="tracemill-serve", set_global=False)
+    try:
+        proxy = start_proxy(upstream.url + "/v1", trace=True)
+        answer = _client(proxy).chat.completions.create(
+            model="scripted-llama", messages=[{"role": "user", "content": "Weather in 7?"}], tools=WEATHER_TOOLS,
+            extra_headers={"traceparent": f"00-{agent_trace}-{agent_span}-01"})
+        time.sleep(0.3)  # spans are recorded after each answer is sent
+        assert tm.flush(10)
+    finally:
+        tm.shutdown()
+    got = [{"id": c.id, "name": c.function.name, "arguments": json.loads(c.function.arguments)}
+           for c in answer.choices[0].message.tool_calls or ()]
+    assert got == [{"id": "call_Xk2pQ9rT", "name": "get_weather", "arguments": {"city": "7"}}]
+    _stored(sqlite_url, lambda spans, calls: len(calls) >= 2)  # the sidecar's record first: the order that merged them
+    agent_record = make_span(agent_trace, agent_span, "chat", chat_attributes(got, model="scripted-llama"))
+    assert httpx.post(f"{collector.url}/v1/traces", content=export_request([agent_record], {
+        "service.name": "weather-agent"}), headers={"Content-Type": "application/x-protobuf"}).status_code == 200
+    spans, calls = _stored(sqlite_url, lambda spans, calls: any(s.trace_id == agent_trace for s in spans))
+    chat = next(s for s in spans if s.name == "chat scripted-llama")
+    assert chat.trace_id != agent_trace and chat.parent_span_id is None
+    assert [(link["trace_id"], link["span_id"]) for link in chat.links] == [(agent_trace, agent_span)]
+    in_agent_trace = [(c.service_name, c.arguments, c.stage) for c in calls if c.trace_id == agent_trace]
+    assert in_agent_trace == [("weather-agent", {"city": "7"}, None)]
+    sidecar = [(c.arguments, c.stage) for c in calls if c.trace_id == chat.trace_id]
+    assert sidecar == [({"city": 7}, "schema")]  # what the model sent, failed, kept for mining
 
 
 def test_streams_are_traced_with_their_text_even_when_the_client_leaves(model, start_proxy, start_collector,
