@@ -53,6 +53,8 @@ def test_the_demo_runs_the_whole_loop_and_prints_the_stores_figures(tmp_path):
     assert [p["name"] for p in phases[:2]] == ["baseline", "rules"] and len(phases) == 3
     assert f"tracemill ui --db sqlite:///{folder / 'store.db'}" in out
     assert "tiny CPU model" in out and "Qwen3-4B-Instruct" in out
+    # read through a pipe, as `make demo | tee` is: a step's title is whole, however long
+    assert "─ 3. tracemill cycle --force: mine, decide, train the tiny reviser (GRPO, CPU), evaluate ─" in out
 
     engine = make_engine(f"sqlite:///{folder / 'store.db'}")
     table = out[out.index("before and after"):]

@@ -140,14 +140,13 @@ def demo(folder: Path, episodes: int, warmup_steps: int, steps: int, margin: flo
          harness_version: str, seed: int) -> None:
     """The whole loop on SQLite and the CPU: traffic without and with the reviser sidecar, mine, train a tiny
     reviser, evaluate, deploy if the gate passes, more traffic, and the figures before and after."""
-    from rich.console import Console
-
+    from tracemill.console import text_console
     from tracemill.demo.processes import DemoError, Processes
     from tracemill.demo.run import Demo
 
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)  # each line as it comes, through a pipe too (make demo | tee)
-    console = Console(width=150)
+    console = text_console()
     folder = folder.resolve()
     _fresh(folder)
     sizes = Sizes(episodes, warmup_steps, steps, margin, profile, harness_version, seed)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from tracemill.console import print_rule, print_table
 from tracemill.demo.phases import Phase, measure, table
 from tracemill.demo.processes import DemoError, Processes
 from tracemill.net import ServerThread, free_port
@@ -41,7 +42,7 @@ class Demo:
 
     @contextmanager
     def step(self, title: str) -> Iterator[None]:
-        self.console.rule(f"[bold]{title}")
+        print_rule(self.console, f"[bold]{title}")
         started = time.monotonic()
         yield
         self.timings[title] = round(time.monotonic() - started, 1)
@@ -87,8 +88,8 @@ class Demo:
         with self.step("5. phase 2: the agent through the sidecar, serving what the gate let through"):
             self._phase("model" if self.deployed else "rules again", served_by, sidecar + "/v1", s.seed + 1, weak)
         self.close()
-        self.console.rule("[bold]before and after")
-        self.console.print(table(self.phases))
+        print_rule(self.console, "[bold]before and after")
+        print_table(table(self.phases), self.console)
         self.console.print(f"Phase 1's two rows ran the same episodes (seed {s.seed}: the same tasks, and the same "
                            "model answers until a revised call changes the conversation); phase 2 ran new ones (seed "
                            f"{s.seed + 1}), new traffic for a model trained on phase 1.")
@@ -196,7 +197,7 @@ class Demo:
             for check in gate["checks"]:
                 shown.add_row(check["name"].replace("_", " "), check["suite"], percent(check["candidate"]),
                               percent(check["baseline"]), check["needed"], "yes" if check["passed"] else "[bold]no[/]")
-            self.console.print(shown)
+            print_table(shown, self.console)
         if not self.cycle["deployed"]:
             self.console.print(f"[bold]the gate refused {candidate}[/]: {gate.get('reason')}. The sidecar keeps "
                                f"{self.cycle['baseline']}.")
