@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import click
+from sqlalchemy import Engine, func, select
 
 from tracemill.rates import percent, rate, sparkline
 from tracemill.store.cli import DATE, call_filter_options, database_option, read_store
-from tracemill.store.queries import CallFilter
+from tracemill.store.queries import SIDECAR_SERVICE, CallFilter
 
 TREND_BARS = 15  # a month in two-day bars: an 80-column terminal keeps the counts and rates beside them
 
@@ -63,6 +64,19 @@ def failures(db_url: str | None, where: CallFilter, since: datetime | None, unti
     title = (f"{report.failed_calls} of {report.total_calls} calls failed"
              + (f"; days {days[0]} .. {days[-1]}" if days else ""))
     _print_table(title, heads, body, markdown, folding={0, 4, 5})
+    sidecar = _sidecar_calls(engine, where)
+    if 0 < sidecar < report.total_calls:
+        click.echo(f"\n{sidecar} of the {report.total_calls} calls are the reviser sidecar's record (service "
+                   f"{SIDECAR_SERVICE}: the model's answers as sent, and its revisions as the model "
+                   "tracemill-reviser:VERSION), beside what the agent got; --service picks one record.")
+
+
+def _sidecar_calls(engine: Engine, where: CallFilter) -> int:
+    """Of the calls `where` selects, the reviser sidecar's (none where it selects a service)."""
+    if where.service is not None:
+        return 0
+    with engine.connect() as conn:
+        return int(conn.execute(replace(where, service=SIDECAR_SERVICE).apply(select(func.count()))).scalar_one())
 
 
 def _trend(by_day: dict[str, int], calls_by_day: dict[str, int], bars: int = TREND_BARS) -> str:

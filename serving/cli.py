@@ -72,8 +72,9 @@ def serve(upstream: str, host: str | None, port: int | None, spec: str, db_url: 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if collector:
         import tracemill.sdk as tm
+        from tracemill.store.queries import SIDECAR_SERVICE
 
-        tm.init(collector, service_name="tracemill-serve", capture_messages=not no_messages)
+        tm.init(collector, service_name=SIDECAR_SERVICE, capture_messages=not no_messages)
     config = ServeConfig(upstream, spec, resolve_db(db_url), vllm_url, settings.serve_poll_seconds,
                          timeout or settings.serve_timeout_seconds, trace=bool(collector))
     try:

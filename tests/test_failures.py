@@ -33,7 +33,7 @@ from tracemill.store.migrate import upgrade
 from tracemill.store.queries import CallFilter
 from tracemill.store.tables import ToolCallRow
 
-from support import chat_attributes, export_request, make_span
+from support import chat_attributes, export_request, make_span, sidecar_and_agent_requests
 
 DAY = 86_400 * 1_000_000_000
 START = 1_780_000_000_000_000_000  # 2026-05-28
@@ -188,6 +188,30 @@ def test_the_table_written_to_a_pipe_keeps_every_mode_on_one_line(sqlite_url: st
     label = "search_scientific_publications_by_keyword_and_year · tool_name · unknown_tool · /name"
     assert re.search(rf"│ {re.escape(label)} +│ +2 │ 20\.0% │", done.stdout), done.stdout
     assert max(map(len, done.stdout.splitlines())) > 80
+
+
+def test_a_report_that_mixes_the_sidecar_s_record_with_the_agent_s_says_so(db_url: str) -> None:
+    """Behind the reviser sidecar the store holds the model's answer as sent (the sidecar's service) and the call the
+    agent got: a report of both says how many are the sidecar's and how to read one record; a report of one does
+    not."""
+    engine = make_engine(db_url)
+    upgrade(engine)
+    writer = SpanWriter(engine.dialect)
+    for body in sidecar_and_agent_requests():
+        with engine.begin() as conn:
+            writer.write(conn, writer.prepare(decode_protobuf(body, Limits(1 << 20)).spans))
+        writer.committed()
+    engine.dispose()
+    runner = CliRunner()
+    mixed = runner.invoke(main, ["failures", "--db", db_url])
+    assert mixed.exit_code == 0, mixed.output
+    assert "1 of 2 calls failed" in mixed.output
+    said = " ".join(mixed.output.split())  # the line as the terminal's width folds it
+    assert "1 of the 2 calls are the reviser sidecar's record (service tracemill-serve" in said
+    for service in ("tracemill-serve", "weather-agent"):
+        one = runner.invoke(main, ["failures", "--db", db_url, "--service", service, "--markdown"])
+        assert one.exit_code == 0, one.output
+        assert "of 1 calls failed" in one.output and "sidecar's record" not in one.output
 
 
 def test_a_trend_is_drawn_from_zero_to_the_modes_highest_daily_rate() -> None:

@@ -42,6 +42,11 @@ class FilterError(ValueError):
     """A filter value the store holds no call for; the message names the filter and the value."""
 
 
+# the service the reviser sidecar (`tracemill serve`) traces as: its record of the model's answers as sent, and of
+# its revisions (as the output of the model `tracemill-reviser:VERSION`)
+SIDECAR_SERVICE = "tracemill-serve"
+
+
 @dataclass(frozen=True, slots=True)
 class CallFilter:
     """Which tool calls to read. Unset fields do not filter."""
