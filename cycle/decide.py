@@ -1,7 +1,8 @@
 """Whether a cycle trains: enough new failed calls, and harness tuning no longer paying (the failure rate per harness
-version, in the order the versions first appear, no longer falls over the newest versions: a fall counts when it is at
-least the tolerance and significant, by the pooled two-proportion test `tracemill failures --compare` uses). While
-it still pays, the failure modes of the newest version say what to fix in the harness first."""
+version of the model's answers as sent, in the order the versions first appear, no longer falls over the newest
+versions: a fall counts when it is at least the tolerance and significant, by the pooled two-proportion test
+`tracemill failures --compare` uses). While it still pays, the failure modes of the newest version say what to fix in
+the harness first."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from sqlalchemy import Connection, Engine, func, select
 from tracemill.cycle.settings import Decision
 from tracemill.miner.failures import failure_modes, two_proportion_test
 from tracemill.rates import percent
-from tracemill.store.queries import CallFilter
+from tracemill.store.queries import SIDECAR_SERVICE, CallFilter
 from tracemill.store.tables import ToolCallRow
 
 C = ToolCallRow.__table__.c
@@ -26,6 +27,7 @@ class HarnessRate:
     version: str
     calls: int
     failed: int
+    service: str | None = None  # the service whose calls were counted (the reviser sidecar's); None: every service
 
     @property
     def rate(self) -> float:
@@ -36,12 +38,24 @@ class HarnessRate:
 
 
 def harness_rates(conn: Connection) -> list[HarnessRate]:
-    """Every harness version's calls and failed calls, in the order the versions first appear in the store."""
+    """Every harness version's calls and failed calls, in the order the versions first appear in the store: the
+    model's answers as sent. Where the reviser sidecar recorded a version's answers (the agent named its version to
+    it), only its record counts: what the agent got behind it was revised, and a better reviser deployed would pass
+    for a better harness."""
     failed = CallFilter(failed=True).conditions()
-    counts = select(C.harness_version, func.min(C.id).label("first"), func.count().label("calls"),
+    sidecar = func.coalesce(C.service_name == SIDECAR_SERVICE, False).label("sidecar")
+    counts = select(C.harness_version, sidecar, func.min(C.id).label("first"), func.count().label("calls"),
                     func.count().filter(*failed).label("failed")).where(C.harness_version.is_not(None))
-    rows = conn.execute(counts.group_by(C.harness_version).order_by("first")).all()
-    return [HarnessRate(r.harness_version, r.calls, r.failed) for r in rows]
+    first: dict[str, int] = {}
+    counted: dict[str, HarnessRate] = {}
+    for row in conn.execute(counts.group_by(C.harness_version, sidecar)).all():
+        version = row.harness_version
+        first[version] = min(first.get(version, row.first), row.first)
+        if bool(row.sidecar):
+            counted[version] = HarnessRate(version, row.calls, row.failed, SIDECAR_SERVICE)
+        else:
+            counted.setdefault(version, HarnessRate(version, row.calls, row.failed))
+    return [counted[v] for v in sorted(counted, key=first.__getitem__)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +67,8 @@ class TrainDecision:
 
 
 def _shown(rates: list[HarnessRate]) -> str:
-    return ", ".join(f"{r.version} {percent(r.rate)}" for r in rates)
+    return ", ".join(f"{r.version} {percent(r.rate)}" + (" as sent, behind the sidecar" if r.service else "")
+                     for r in rates)
 
 
 def harness_verdict(rates: list[HarnessRate], settings: Decision) -> tuple[bool, str]:
@@ -91,7 +106,9 @@ def decide(engine: Engine, new_failures: int, settings: Decision, force: bool = 
                 f"({'enough' if enough else 'fewer than'} {settings.min_new_failures} needed)")
     top: list[dict[str, Any]] = []
     if pays and rates:
-        modes = failure_modes(engine, CallFilter(harness_version=rates[-1].version), limit=settings.top_modes)
+        newest = rates[-1]
+        modes = failure_modes(engine, CallFilter(harness_version=newest.version, service=newest.service),
+                              limit=settings.top_modes)
         top = [{"label": m.label, "count": m.count, "share": m.share} for m in modes]
     if force:
         return TrainDecision(TRAIN, f"forced (--force); {why}; {failures}", rates, top)

@@ -3,7 +3,9 @@ miner mines it like any agent's traffic.
 
 - `chat {model}` (CLIENT): the upstream's answer as it came (its native calls with their arguments exactly as sent,
   and its text), the tools and the conversation; with `tracemill.serving.*`: the version that served the request,
-  its role (active, canary, static), the deployment, what the revision did and its steps, and the latencies.
+  its role (active, canary, static), the deployment, what the revision did and its steps, and the latencies; and the
+  agent's harness version where the request names it (the `X-Tracemill-Harness-Version` header, else the W3C baggage
+  entry `tracemill.harness.version`), so that harness versions are compared on the model's answers as sent.
 - `revise {version}` (INTERNAL), only when the answer needed revising: what the client got, as the output of the
   model `tracemill-reviser:{version}`, so that `tracemill stats` and `tracemill failures` split by model compare
   versions on the answers they revised (a canary beside the active version). It is the root of a trace of its own,
@@ -22,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from opentelemetry import propagate, trace
+from opentelemetry import baggage, propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind
 
@@ -42,6 +44,7 @@ UPSTREAM_MS = "tracemill.serving.upstream_ms"
 REVISE_MS = "tracemill.serving.revise_ms"
 REVISER_ERROR = "tracemill.serving.reviser_error"
 CLIENT_GONE = "client_disconnected"
+HARNESS_HEADER = "x-tracemill-harness-version"
 
 
 @dataclass(slots=True)
@@ -104,9 +107,13 @@ def record(exchange: Exchange) -> None:
 
 def _record(exchange: Exchange) -> None:
     model = str(exchange.body.get("model", ""))
-    agent = trace.get_current_span(propagate.extract(dict(exchange.headers))).get_span_context()
+    sent = propagate.extract(dict(exchange.headers))
+    agent = trace.get_current_span(sent).get_span_context()
     span = _start(exchange, model, f"chat {model}", SpanKind.CLIENT, Context(),
                   [trace.Link(agent)] if agent.is_valid else [])
+    harness = exchange.headers.get(HARNESS_HEADER) or baggage.get_baggage(genai.HARNESS_VERSION, sent)
+    if harness:
+        span.set_attribute(genai.HARNESS_VERSION, str(harness))
     _output(span, exchange, exchange.original, exchange.response_model)
     outcome = _outcome(exchange)
     steps = sorted({s.kind.value for r in exchange.revised if r is not None for s in r.steps})

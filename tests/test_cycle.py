@@ -19,6 +19,8 @@ from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from tracemill.cli import main
+from tracemill.collector.decode import Limits, decode_protobuf
+from tracemill.collector.persist import SpanWriter
 from tracemill.cycle import CycleBusy, CycleError, CycleSettings, Decision, Gate, Mining, run_cycle
 from tracemill.cycle.decide import decide, harness_rates
 from tracemill.cycle.gate import judge
@@ -222,6 +224,33 @@ def test_calls_that_name_no_harness_version_leave_the_decision_to_the_failures(s
     assert short.decision == "wait" and "4 new failed call(s)" in short.reason
     assert measurable.decision == "train"
     assert unmeasurable.decision == "wait" and "29 held-out row(s) mined, fewer than the 30" in unmeasurable.reason
+
+
+def test_a_harness_version_behind_the_sidecar_is_rated_on_the_model_s_answers_as_sent(db_url):
+    """Behind the reviser sidecar what the agent got was revised: a version whose answers the sidecar recorded (the
+    agent named its version to it) is rated on that record, so that a reviser deployed with the new version does not
+    pass for a better harness. Here the model fails half its calls under both versions."""
+    engine = make_engine(db_url)
+    upgrade(engine)
+    writer = SpanWriter(engine.dialect)
+    sent = [("prompt-v1", "weather-agent", n % 2 == 0) for n in range(40)]  # no sidecar: the model's own answers
+    sent += [("prompt-v2", "tracemill-serve", n % 2 == 0) for n in range(40)]  # the sidecar's record of the answers
+    sent += [("prompt-v2", "weather-agent", False) for _ in range(40)]  # what the agent got: revised, valid
+    for n, (version, service, broken) in enumerate(sent):
+        call = {"id": f"call_{n:04d}Xk2pQ", "name": "get_weather", "arguments": {"city": 7 if broken else "Oslo"}}
+        said = {**chat_attributes([call]), "tracemill.harness.version": version}
+        span = make_span(f"{n + 1:032x}", "01" * 8, "chat", said)
+        with engine.begin() as conn:
+            writer.write(conn, writer.prepare(decode_protobuf(export_request([span], {"service.name": service}),
+                                                              Limits(1 << 20)).spans))
+        writer.committed()
+    with engine.connect() as conn:
+        rates = harness_rates(conn)
+    decision = decide(engine, 40, Decision(min_new_failures=10, plateau_window=2))
+    engine.dispose()
+    assert [(r.version, r.calls, r.failed, r.service) for r in rates] == [
+        ("prompt-v1", 40, 20, None), ("prompt-v2", 40, 20, "tracemill-serve")]
+    assert decision.decision == "train" and "harness tuning stopped paying" in decision.reason
 
 
 def test_a_cycle_waits_for_the_held_out_rows_its_gate_needs_and_the_next_one_reads_its_calls_again(plateau, tmp_path):

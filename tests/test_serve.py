@@ -271,6 +271,38 @@ def test_an_agent_s_trace_context_links_the_sidecar_s_record_and_leaves_the_agen
     assert sidecar == [({"city": 7}, "schema")]  # what the model sent, failed, kept for mining
 
 
+def test_the_harness_version_an_agent_names_to_the_sidecar_is_recorded_with_the_model_s_answers(
+        model, start_proxy, start_collector, sqlite_url: str) -> None:
+    """Named by the `X-Tracemill-Harness-Version` header or by W3C baggage (OpenTelemetry's propagators send it), the
+    agent's harness version goes with the model's answer as sent, so that harness versions are compared on what the
+    model wrote; the sidecar's revision of it carries none."""
+    import tracemill.sdk as tm
+
+    scripted, upstream = model
+    asked = {"by header": {"X-Tracemill-Harness-Version": "prompt-v4"},
+             "by baggage": {"baggage": "tracemill.harness.version=prompt-v5,other=1"}, "unnamed": {}}
+    for n, question in enumerate(asked):
+        call = {"name": "get_weather", "arguments": json.dumps({"city": n})}  # a number for a string: revised
+        drawn = f"call_{n}Xk2pQ9rT"
+        scripted.replies[question] = Reply(tool_calls=[{"id": drawn, "type": "function", "function": call}])
+    collector = start_collector(sqlite_url)
+    tm.init(collector.url, service_name="tracemill-serve", set_global=False)
+    try:
+        client = _client(start_proxy(upstream.url + "/v1", trace=True))
+        for question, headers in asked.items():
+            client.chat.completions.create(model="scripted-llama", messages=[{"role": "user", "content": question}],
+                                           tools=WEATHER_TOOLS, extra_headers=headers)
+        time.sleep(0.3)  # spans are recorded after each answer is sent
+        assert tm.flush(10)
+    finally:
+        tm.shutdown()
+    _, calls = _stored(sqlite_url, lambda spans, calls: len(calls) >= 6)
+    sent = {c.arguments["city"]: c.harness_version for c in calls if c.model == "scripted-llama"}
+    assert sent == {0: "prompt-v4", 1: "prompt-v5", 2: None}
+    revised = [c.harness_version for c in calls if c.model == "tracemill-reviser:rules"]
+    assert revised == [None, None, None]
+
+
 def test_streams_are_traced_with_their_text_even_when_the_client_leaves(model, start_proxy, start_collector,
                                                                        sqlite_url: str) -> None:
     import tracemill.sdk as tm

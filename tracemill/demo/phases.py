@@ -1,7 +1,7 @@
 """What each phase of the demo sent, and the MCP-Bench figures of what the agent got in it, read back from the store.
 
 A phase is a stretch of time: its figures are those of the calls the collector stored between its start and its end
-whose spans came from the demo's agent (its harness version; the sidecar's own spans carry none)."""
+whose spans came from the demo's agent (its service and harness version), not from the sidecar's record."""
 
 from __future__ import annotations
 
@@ -37,8 +37,11 @@ class Phase:
                 "revised": self.revised, "by_model": self.by_model, "metrics": asdict(self.metrics)}
 
 
+AGENT_SERVICE = "demo-agent"
+
+
 def agent_calls(harness_version: str, since: datetime, until: datetime) -> CallFilter:
-    return CallFilter(since=since, until=until, harness_version=harness_version)
+    return CallFilter(since=since, until=until, harness_version=harness_version, service=AGENT_SERVICE)
 
 
 def measure(engine: Engine, harness_version: str, since: datetime, until: datetime) -> Metrics:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from tracemill.console import print_rule, print_table
-from tracemill.demo.phases import Phase, measure, table
+from tracemill.demo.phases import AGENT_SERVICE, Phase, measure, table
 from tracemill.demo.processes import DemoError, Processes
 from tracemill.net import ServerThread, free_port
 
@@ -70,7 +70,7 @@ class Demo:
             self.processes.wait_healthy("serve", sidecar)
             import tracemill.sdk as tm
 
-            tm.init(collector, service_name="demo-agent", harness_version=s.harness_version)
+            tm.init(collector, service_name=AGENT_SERVICE, harness_version=s.harness_version)
             self._sdk = True
             self.console.print(f"collector {collector} (store {self.folder / 'store.db'}) · weak model "
                                f"{self._model_server.url}/v1 ({s.profile}) · sidecar {sidecar}/v1 (tracemill serve)")
