@@ -40,7 +40,7 @@ def failures(db_url: str | None, where: CallFilter, since: datetime | None, unti
     """Failure modes: failed calls clustered by tool, verifier stage and violation, most frequent first, with their
     share of calls, a trend per day and the split by model and harness version. Which tool description or prompt to
     change first, and (--compare OLD NEW) whether a harness version made a mode rarer."""
-    from tracemill.miner.failures import GROUP_FIELDS, compare_harness, failure_report
+    from tracemill.miner.failures import GROUP_FIELDS, compare_harness, failure_report, sidecar_versions
 
     fields = _split(by)
     if not fields or set(fields) - set(GROUP_FIELDS):
@@ -51,7 +51,8 @@ def failures(db_url: str | None, where: CallFilter, since: datetime | None, unti
         for version in compare:
             read_store(db_url, replace(where, harness_version=version))
         rows = compare_harness(engine, compare[0], compare[1], where, by=fields)[:limit]
-        _print_comparison(rows, compare, as_json, markdown)
+        behind = sorted(sidecar_versions(engine, compare)) if where.service is None else []
+        _print_comparison(rows, compare, behind, as_json, markdown)
         return
     report = failure_report(engine, where, by=fields, limit=limit)
     if as_json:
@@ -95,15 +96,20 @@ def _split_counts(counts: dict[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in list(counts.items())[:4]) + (" ..." if len(counts) > 4 else "")
 
 
-def _print_comparison(rows: list[Any], versions: tuple[str, str], as_json: bool, markdown: bool) -> None:
+def _print_comparison(rows: list[Any], versions: tuple[str, str], behind: list[str], as_json: bool,
+                      markdown: bool) -> None:
+    """`behind`: the versions read from the reviser sidecar's record (`failures.sidecar_versions`)."""
     a, b = versions
     if as_json:
-        click.echo(json.dumps({"a": a, "b": b, "modes": [r.to_dict() for r in rows]}, indent=2))
+        click.echo(json.dumps({"a": a, "b": b, "sidecar_record": behind, "modes": [r.to_dict() for r in rows]},
+                              indent=2))
         return
     heads = ["mode", f"{a} rate", f"{b} rate", "p-value", "change"]
     body = [[r.label, f"{percent(r.rate_a)} ({r.count_a}/{r.calls_a})",
              f"{percent(r.rate_b)} ({r.count_b}/{r.calls_b})", f"{r.p_value:.2g}", r.change] for r in rows]
-    _print_table(f"harness {a} against {b}", heads, body, markdown, folding={0})
+    read = (f"; {' and '.join(behind)} read from the reviser sidecar's record (the model's answers as sent)"
+            if behind else "")
+    _print_table(f"harness {a} against {b}{read}", heads, body, markdown, folding={0})
 
 
 def _print_table(title: str, heads: list[str], body: list[list[str]], markdown: bool, folding: set[int]) -> None:

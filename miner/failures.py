@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, case, func, or_, select
 
 from tracemill.rates import rate
-from tracemill.store.queries import CallFilter
+from tracemill.store.queries import SIDECAR_SERVICE, CallFilter
 from tracemill.store.tables import ToolCallRow as C
 
 GROUP_FIELDS = ("tool", "stage", "kind", "pointer")
@@ -335,22 +335,44 @@ def _log_choose(n: int, k: int) -> float:
     return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
 
 
+def sidecar_versions(source: Engine | Connection, versions: Sequence[str]) -> set[str]:
+    """Of these harness versions, those whose answers the reviser sidecar recorded (the agent named its version to
+    it): such a version is rated on the sidecar's record, the model's answers as sent, since what the agent got behind
+    the sidecar was revised and a better reviser would pass for a better harness."""
+    with _engine(source).connect() as conn:
+        return set(conn.execute(select(C.harness_version).distinct().where(
+            C.harness_version.in_(versions), C.service_name == SIDECAR_SERVICE)).scalars())
+
+
 def compare_harness(source: Engine | Connection, a: str, b: str, where: CallFilter = CallFilter(), *,
                     by: Sequence[str] = GROUP_FIELDS, alpha: float = 0.05) -> list[HarnessComparison]:
     """Every mode seen under harness version `a` or `b`, with its rate under each (of all the calls each version
-    made that `where` selects) and whether it changed; the modes that changed most first."""
-    return harness_changes(failure_report(source, replace(where, harness_version=None), by=by), a, b, alpha=alpha)
+    made that `where` selects) and whether it changed; the modes that changed most first. Unless `where` names a
+    service, a version the reviser sidecar recorded is read from its record alone (`sidecar_versions`)."""
+    behind = sidecar_versions(source, (a, b)) if where.service is None else set()
+    if not behind:
+        return harness_changes(failure_report(source, replace(where, harness_version=None), by=by), a, b, alpha=alpha)
+    first, second = (failure_report(source, replace(where, harness_version=v, service=(
+        SIDECAR_SERVICE if v in behind else None)), by=by) for v in (a, b))
+    return _changes(first, second, a, b, alpha)
 
 
 def harness_changes(report: FailureReport, a: str, b: str, *, alpha: float = 0.05) -> list[HarnessComparison]:
     """`compare_harness` on a report already read (its modes' `by_harness` splits), so that a page showing the report
     compares versions without reading the store again."""
-    calls_a, calls_b = report.calls_by_harness.get(a, 0), report.calls_by_harness.get(b, 0)
-    seen = [m for m in report.modes if m.by_harness.get(a) or m.by_harness.get(b)]
+    return _changes(report, report, a, b, alpha)
+
+
+def _changes(first: FailureReport, second: FailureReport, a: str, b: str, alpha: float) -> list[HarnessComparison]:
+    """Version `a`'s modes and calls read from `first`, `b`'s from `second`."""
+    calls_a, calls_b = first.calls_by_harness.get(a, 0), second.calls_by_harness.get(b, 0)
+    counts_a = {m.key: n for m in first.modes if (n := m.by_harness.get(a, 0))}
+    counts_b = {m.key: n for m in second.modes if (n := m.by_harness.get(b, 0))}
+    seen = sorted(counts_a.keys() | counts_b.keys(), key=lambda k: k.label(first.fields))
     found = []
-    for mode in sorted(seen, key=lambda m: m.label):
-        x1, x2 = mode.by_harness.get(a, 0), mode.by_harness.get(b, 0)
+    for key in seen:
+        x1, x2 = counts_a.get(key, 0), counts_b.get(key, 0)
         z, p = two_proportion_test(x1, calls_a, x2, calls_b)
-        found.append(HarnessComparison(mode.key, a, b, x1, calls_a, x2, calls_b, z, p,
-                                       p < alpha / max(1, len(seen)), report.fields))
+        found.append(HarnessComparison(key, a, b, x1, calls_a, x2, calls_b, z, p, p < alpha / max(1, len(seen)),
+                                       first.fields))
     return sorted(found, key=lambda c: (c.p_value, -abs(c.z), c.label))

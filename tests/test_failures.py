@@ -47,9 +47,9 @@ TERMINAL_80 = {"TTY_COMPATIBLE": "1", "TERM": "dumb", "COLUMNS": "80"}
 
 
 def _store(db_url: str, plan: dict[str, list[tuple[dict, int]]], model: str = "qwen3",  # type: ignore[no-untyped-def]
-           first: int = 0, day: Callable[[int], int] = lambda n: n % 2):
+           first: int = 0, day: Callable[[int], int] = lambda n: n % 2, service: str | None = None):
     """One span per call; `plan`: harness version -> (call, how many); trace and span ids count on from `first`;
-    `day`: the n-th call's day after START."""
+    `day`: the n-th call's day after START; `service`: the spans' service name."""
     engine = make_engine(db_url)
     upgrade(engine)
     writer = SpanWriter(engine.dialect)
@@ -61,7 +61,8 @@ def _store(db_url: str, plan: dict[str, list[tuple[dict, int]]], model: str = "q
                 n += 1
                 attrs = chat_attributes([{"id": f"c{n}", **call}], model=model if n % 3 else "llama3.1-8b")
                 spans.append(make_span(f"{n:032x}", f"{n:016x}", "chat", attrs, start_ns=START + day(n) * DAY))
-        body = export_request(spans, resource={"tracemill.harness.version": harness})
+        body = export_request(spans, resource={"tracemill.harness.version": harness,
+                                               **({"service.name": service} if service else {})})
         batch = writer.prepare(decode_protobuf(body, Limits(1 << 24)).spans)
         with engine.begin() as conn:
             writer.write(conn, batch)
@@ -128,6 +129,25 @@ def test_a_harness_version_that_makes_a_mode_rarer_is_significant_and_noise_is_n
     assert dropped.significant and dropped.change == "rarer" and dropped.p_value < 1e-4
     same = rows["tool_name · unknown_tool"]
     assert not same.significant and same.change == "no significant change"
+
+
+def test_a_version_behind_the_sidecar_is_compared_on_the_model_s_answers_as_sent(db_url: str) -> None:
+    """v2 ran behind the reviser sidecar, named to it: the model failed as often as under v1, and the agent got every
+    call revised. Compared on the model's answers (the sidecar's record) nothing changed; read from the agent's
+    record, as a named service asks, the reviser's work passes for v2's."""
+    _store(db_url, {"v1": [(GOOD, 60), (WRONG_TYPE, 40)]}, service="weather-agent").dispose()
+    _store(db_url, {"v2": [(GOOD, 60), (WRONG_TYPE, 40)]}, first=1000, service="tracemill-serve").dispose()
+    engine = _store(db_url, {"v2": [(GOOD, 100)]}, first=2000, service="weather-agent")
+    (row,) = compare_harness(engine, "v1", "v2", by=("stage", "kind"))
+    assert (row.count_a, row.calls_a, row.count_b, row.calls_b) == (40, 100, 40, 100) and not row.significant
+    (agent,) = compare_harness(engine, "v1", "v2", CallFilter(service="weather-agent"), by=("stage", "kind"))
+    assert (agent.count_b, agent.calls_b, agent.change) == (0, 100, "rarer")
+    engine.dispose()
+    shown = CliRunner().invoke(main, ["failures", "--db", db_url, "--compare", "v1", "v2", "--json"])
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.output)["sidecar_record"] == ["v2"]
+    table = CliRunner().invoke(main, ["failures", "--db", db_url, "--compare", "v1", "v2", "--markdown"])
+    assert "v2 read from the reviser sidecar's record" in table.output.splitlines()[0]
 
 
 def test_two_proportion_test_matches_the_textbook_value() -> None:

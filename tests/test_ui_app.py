@@ -297,7 +297,9 @@ def test_failure_modes_read_one_service_s_calls(tmp_path: Path, monkeypatch: pyt
         at.switch_page("pages/failures.py").run()
         assert not at.exception, at.exception
         assert [m.value for m in at.metric][:2] == ["2", "1"]
+        assert any("counted here twice" in c.value for c in at.caption)
         at.selectbox(key="failures_service").select("tracemill-serve").run()
+        assert not any("counted here twice" in c.value for c in at.caption)
         assert [m.value for m in at.metric][:2] == ["1", "1"]
         assert list(at.dataframe[-1].value["mode"]) == ["get_weather · schema · wrong_type · /arguments/city"]
         at.selectbox(key="failures_service").select("weather-agent").run()

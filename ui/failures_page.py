@@ -11,7 +11,7 @@ import streamlit as st
 
 from tracemill.miner.failures import GROUP_FIELDS, NONE, FailureCounts, FailureReport, harness_changes
 from tracemill.rates import percent
-from tracemill.store.queries import CallFilter
+from tracemill.store.queries import SIDECAR_SERVICE, CallFilter
 from tracemill.store.tables import utcnow
 from tracemill.ui.shell import Context, choice, context, facets, kept
 
@@ -49,8 +49,9 @@ def render() -> None:
     cluster = left.selectbox("Cluster by", list(CLUSTERS), key="failures_by")
     # behind the reviser sidecar each answer is stored twice: as the model sent it (the sidecar's service) and as the
     # agent got it (the agent's)
+    services = list(facets(ctx).services)
     with middle:
-        service = choice("Service", list(facets(ctx).services), "failures_service")
+        service = choice("Service", services, "failures_service")
     period = right.selectbox("Calls made", list(PERIODS), key="failures_period")
     report = _report(ctx, CLUSTERS[cluster], PERIODS[period], service)
     if not report.total_calls:
@@ -63,6 +64,10 @@ def render() -> None:
                    " of calls")
     cols[2].metric("Failure modes", f"{len(report.modes):,}")
     cols[3].metric("Days", f"{len(report.calls_by_day):,}")
+    if service is None and SIDECAR_SERVICE in services and len(services) > 1:
+        st.caption(f"Behind the reviser sidecar an answer is counted here twice: as the model sent it (service "
+                   f"{SIDECAR_SERVICE}) and as the agent got it. Pick a service to read one record; harness versions "
+                   "compare on the sidecar's, the model's answers as sent.")
     if not report.modes:
         st.success("No stored call failed.")
         return
