@@ -123,6 +123,15 @@ def sidecar_and_agent_requests() -> list[bytes]:
             for trace, attributes, service in (("a1" * 16, sent, "tracemill-serve"), ("b2" * 16, got, "weather-agent"))]
 
 
+def store_sidecar_and_agent(engine: Engine) -> None:
+    """`sidecar_and_agent_requests` stored as the collector stores them (the store upgraded already)."""
+    writer = SpanWriter(engine.dialect)
+    for body in sidecar_and_agent_requests():
+        with engine.begin() as conn:
+            writer.write(conn, writer.prepare(decode_protobuf(body, Limits(1 << 20)).spans))
+        writer.committed()
+
+
 def store_as_before(engine: Engine, body: bytes, later_columns: tuple[str, ...]) -> None:
     """What a writer of an earlier revision stored of one request (`body`): its spans, and its calls without the
     columns later revisions added (the store must be at that revision)."""

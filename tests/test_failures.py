@@ -33,7 +33,7 @@ from tracemill.store.migrate import upgrade
 from tracemill.store.queries import CallFilter
 from tracemill.store.tables import ToolCallRow
 
-from support import chat_attributes, export_request, make_span, sidecar_and_agent_requests
+from support import chat_attributes, export_request, make_span, store_sidecar_and_agent
 
 DAY = 86_400 * 1_000_000_000
 START = 1_780_000_000_000_000_000  # 2026-05-28
@@ -216,11 +216,7 @@ def test_a_report_that_mixes_the_sidecar_s_record_with_the_agent_s_says_so(db_ur
     not."""
     engine = make_engine(db_url)
     upgrade(engine)
-    writer = SpanWriter(engine.dialect)
-    for body in sidecar_and_agent_requests():
-        with engine.begin() as conn:
-            writer.write(conn, writer.prepare(decode_protobuf(body, Limits(1 << 20)).spans))
-        writer.committed()
+    store_sidecar_and_agent(engine)
     engine.dispose()
     runner = CliRunner()
     mixed = runner.invoke(main, ["failures", "--db", db_url])

@@ -20,7 +20,7 @@ from tracemill.store.engine import make_engine
 from tracemill.store.migrate import upgrade
 from tracemill.store.tables import ToolCallRow
 
-from support import chat_attributes, export_request, make_span, sidecar_and_agent_requests, store_as_before
+from support import chat_attributes, export_request, make_span, store_as_before, store_sidecar_and_agent
 
 LONG_PROMPT = "Plan a trip to Oslo. " * 100  # over PAYLOAD_MIN_CHARS: stored once in `payloads`
 
@@ -170,11 +170,7 @@ def test_the_sidecar_s_record_of_an_answer_and_what_the_agent_got_are_told_apart
     reads either, in stats as in an export, and a service no span has is named."""
     engine = make_engine(db_url)
     upgrade(engine)
-    writer = SpanWriter(engine.dialect)
-    for body in sidecar_and_agent_requests():
-        with engine.begin() as conn:
-            writer.write(conn, writer.prepare(decode_protobuf(body, Limits(1 << 20)).spans))
-        writer.committed()
+    store_sidecar_and_agent(engine)
     engine.dispose()
 
     def stats(*args: str) -> dict:  # type: ignore[type-arg]

@@ -172,6 +172,20 @@ def test_fault_library_outputs_through_the_proxy(model, start_proxy, stream: boo
     assert refused > 5
 
 
+def _stored(url: str, until: Any) -> tuple[list[SpanRow], list[ToolCallRow]]:
+    """The store's spans and calls once `until(spans, calls)` holds (or after 20 s)."""
+    engine = make_engine(url)
+    deadline = time.monotonic() + 20
+    while True:
+        with Session(engine) as session:
+            spans = list(session.execute(select(SpanRow)).scalars())
+            calls = list(session.execute(select(ToolCallRow)).scalars())
+        if until(spans, calls) or time.monotonic() > deadline:
+            engine.dispose()
+            return spans, calls
+        time.sleep(0.2)
+
+
 def test_traces_land_in_a_real_collector(model, start_proxy, start_collector, sqlite_url: str) -> None:
     import tracemill.sdk as tm
 
@@ -189,16 +203,7 @@ def test_traces_land_in_a_real_collector(model, start_proxy, start_collector, sq
         assert _span_metrics(proxy) == {"ended": 30.0, "sent": 30.0, "failed": 0.0, "unsent": 0.0}
     finally:
         tm.shutdown()
-    engine = make_engine(sqlite_url)
-    deadline = time.monotonic() + 20
-    while True:
-        with Session(engine) as session:
-            spans = list(session.execute(select(SpanRow)).scalars())
-            calls = list(session.execute(select(ToolCallRow)).scalars())
-        if len([s for s in spans if s.name.startswith("chat ")]) >= len(chosen) or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    engine.dispose()
+    spans, calls = _stored(sqlite_url, lambda spans, _: sum(s.name.startswith("chat ") for s in spans) >= len(chosen))
     chats = [s for s in spans if s.name == "chat scripted-llama"]
     revisions = [s for s in spans if s.name == "revise rules"]
     assert len(chats) == len(chosen) and len(revisions) == 10
@@ -215,20 +220,6 @@ def test_traces_land_in_a_real_collector(model, start_proxy, start_collector, sq
     revised = [c for c in calls if c.model == "tracemill-reviser:rules"]
     assert revised and all(c.stage is None for c in revised)  # what the client got verifies at ingest
     assert any(c.stage is not None for c in originals)  # what the model sent failed, and is kept for mining
-
-
-def _stored(url: str, until: Any) -> tuple[list[SpanRow], list[ToolCallRow]]:
-    """The store's spans and calls once `until(spans, calls)` holds (or after 20 s)."""
-    engine = make_engine(url)
-    deadline = time.monotonic() + 20
-    while True:
-        with Session(engine) as session:
-            spans = list(session.execute(select(SpanRow)).scalars())
-            calls = list(session.execute(select(ToolCallRow)).scalars())
-        if until(spans, calls) or time.monotonic() > deadline:
-            engine.dispose()
-            return spans, calls
-        time.sleep(0.2)
 
 
 def test_an_agent_s_trace_context_links_the_sidecar_s_record_and_leaves_the_agent_s_calls_its_own(
@@ -327,15 +318,8 @@ def test_streams_are_traced_with_their_text_even_when_the_client_leaves(model, s
         assert tm.flush(10)
     finally:
         tm.shutdown()
-    engine = make_engine(sqlite_url)
-    deadline = time.monotonic() + 20
-    while True:
-        with Session(engine) as session:
-            chats = [s for s in session.execute(select(SpanRow)).scalars() if s.name.startswith("chat ")]
-        if len(chats) >= 2 or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    engine.dispose()
+    spans, _ = _stored(sqlite_url, lambda spans, _: sum(s.name.startswith("chat ") for s in spans) >= 2)
+    chats = [s for s in spans if s.name.startswith("chat ")]
     assert len(chats) == 2
     plain, left = sorted(chats, key=lambda s: "long" in s.attributes["gen_ai.input.messages"])
     assert json.loads(plain.attributes["gen_ai.output.messages"])[0]["parts"] == [
