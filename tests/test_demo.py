@@ -77,6 +77,8 @@ def test_the_demo_runs_the_whole_loop_and_prints_the_stores_figures(tmp_path):
     assert "tracemill-reviser:rules" in revisers  # the sidecar traced its own revisions
     cycle, candidate = summary["cycle"], summary["candidate"]
     assert (cycle["status"], cycle["decision"], cycle["forced"]) == ("done", "train", True)
+    # the agent named its harness version to the sidecar: the version is rated on the model's answers as sent
+    assert [(r["version"], r["service"]) for r in cycle["harness_rates"]] == [(HARNESS, "tracemill-serve")]
     assert list(models) == [candidate] and models[candidate].id == cycle["model_id"]
     # the gate measured both revisers on the held-out rows (it did not refuse for want of them), and the demo showed it
     card = json.loads(next(folder.glob("cycles/*/dataset/dataset.json")).read_text())

@@ -41,9 +41,10 @@ class Tally:
 
 
 def run_episodes(base_url: str, model: str, scenarios: Sequence[Scenario], episodes: int, seed: int, settings: Settings,
-                 on_episode: Callable[[int], None] | None = None) -> Tally:
+                 harness_version: str, on_episode: Callable[[int], None] | None = None) -> Tally:
     """Run `episodes` tasks drawn from `scenarios` (fixed by `seed`) against the OpenAI-compatible server at
-    `base_url`; the SDK must have been initialised (`tracemill.sdk.init`)."""
+    `base_url`; the SDK must have been initialised (`tracemill.sdk.init`). Each request names the conversation and the
+    harness version to a sidecar in between (which records the version with the model's answers as sent)."""
     from openai import OpenAI
 
     from tracemill.sdk.openai import instrument
@@ -55,7 +56,8 @@ def run_episodes(base_url: str, model: str, scenarios: Sequence[Scenario], episo
             if STOP.is_set():
                 raise KeyboardInterrupt
             rng = random.Random(f"demo:{seed}:{i}")
-            _episode(client, model, rng.choice(scenarios), rng, settings, tally, f"demo-{seed}-{i}")
+            headers = {"X-Conversation-Id": f"demo-{seed}-{i}", "X-Tracemill-Harness-Version": harness_version}
+            _episode(client, model, rng.choice(scenarios), rng, settings, tally, headers)
             tally.episodes += 1
             if on_episode is not None:
                 on_episode(i + 1)
@@ -65,15 +67,15 @@ def run_episodes(base_url: str, model: str, scenarios: Sequence[Scenario], episo
 
 
 def _episode(client: Any, model: str, scenario: Scenario, rng: random.Random, settings: Settings, tally: Tally,
-             conversation: str) -> None:
+             headers: dict[str, str]) -> None:
     index = tool_index(scenario.tools)
     tools = [t.to_openai() for t in scenario.tools]
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM_PROMPT},
                                       {"role": "user", "content": scenario.request}]
-    with tm.agent("demo-agent", conversation_id=conversation):
+    with tm.agent("demo-agent", conversation_id=headers["X-Conversation-Id"]):
         for _ in range(MAX_TURNS):
             response = client.chat.completions.create(model=model, messages=messages, tools=tools,
-                                                      extra_headers={"X-Conversation-Id": conversation})
+                                                      extra_headers=headers)
             tally.requests += 1
             message = response.choices[0].message
             revision = (message.model_extra or {}).get("tracemill") or {}

@@ -110,7 +110,8 @@ class Demo:
             task = progress.add_task(f"{name}: episodes", total=self.sizes.episodes)
             try:
                 tally = run_episodes(base_url, self.sizes.profile, mcp_bench_scenarios(), self.sizes.episodes, seed,
-                                     weak.settings, on_episode=lambda n: progress.update(task, completed=n))
+                                     weak.settings, self.sizes.harness_version,
+                                     on_episode=lambda n: progress.update(task, completed=n))
             except APIError as exc:
                 raise DemoError(f"the agent's model call failed in phase {name!r} ({base_url}): {exc}; the end of the "
                                 f"sidecar's log:\n{self.processes.tail('serve')}") from None
