@@ -55,7 +55,8 @@ def serve(upstream: str, host: str | None, port: int | None, spec: str, db_url: 
     into valid ones before the agent sees them.
 
     It follows the deployments of the store (--db): `tracemill deploy` and `tracemill rollback` take effect without
-    a restart."""
+    a restart. With --collector, an agent that sends its harness version (header X-Tracemill-Harness-Version) gets it
+    recorded with the model's answers as sent, where `tracemill cycle` rates harness versions."""
     import logging
 
     import uvicorn
