@@ -354,17 +354,15 @@ def compare_harness(source: Engine | Connection, a: str, b: str, where: CallFilt
         return harness_changes(failure_report(source, replace(where, harness_version=None), by=by), a, b, alpha=alpha)
     first, second = (failure_report(source, replace(where, harness_version=v, service=(
         SIDECAR_SERVICE if v in behind else None)), by=by) for v in (a, b))
-    return _changes(first, second, a, b, alpha)
+    return harness_changes(first, a, b, alpha=alpha, second=second)
 
 
-def harness_changes(report: FailureReport, a: str, b: str, *, alpha: float = 0.05) -> list[HarnessComparison]:
+def harness_changes(report: FailureReport, a: str, b: str, *, alpha: float = 0.05,
+                    second: FailureReport | None = None) -> list[HarnessComparison]:
     """`compare_harness` on a report already read (its modes' `by_harness` splits), so that a page showing the report
-    compares versions without reading the store again."""
-    return _changes(report, report, a, b, alpha)
-
-
-def _changes(first: FailureReport, second: FailureReport, a: str, b: str, alpha: float) -> list[HarnessComparison]:
-    """Version `a`'s modes and calls read from `first`, `b`'s from `second`."""
+    compares versions without reading the store again; `b` read from `second` where given (each version from its
+    own record)."""
+    first, second = report, second or report
     calls_a, calls_b = first.calls_by_harness.get(a, 0), second.calls_by_harness.get(b, 0)
     counts_a = {m.key: n for m in first.modes if (n := m.by_harness.get(a, 0))}
     counts_b = {m.key: n for m in second.modes if (n := m.by_harness.get(b, 0))}

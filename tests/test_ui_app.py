@@ -26,6 +26,7 @@ from tracemill.ui.access import Identity, NotAllowed, Role
 from support import (
     CHAT_WITHOUT_OUTPUT,
     CollectorProcess,
+    chat_attributes,
     export_request,
     logs_request,
     make_span,
@@ -305,5 +306,31 @@ def test_failure_modes_read_one_service_s_calls(tmp_path: Path, monkeypatch: pyt
         at.selectbox(key="failures_service").select("weather-agent").run()
         assert [m.value for m in at.metric][:2] == ["1", "0"]
         assert [s.value for s in at.success] == ["No stored call failed."]
+    finally:
+        get_settings.cache_clear()
+
+
+def test_a_harness_version_behind_the_sidecar_is_compared_on_the_model_s_answers_as_sent(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """v2 ran behind the reviser sidecar, named to it: the model failed as often as under v1 and the agent got every
+    call revised. With every service shown, the page compares v2 on the sidecar's record, as `--compare` does."""
+    url = f"sqlite:///{tmp_path / 'harness.db'}"
+    sent = [("v1", "weather-agent", n % 2 == 0) for n in range(40)]
+    sent += [("v2", "tracemill-serve", n % 2 == 0) for n in range(40)] + [("v2", "weather-agent", False)] * 40
+    requests = []
+    for n, (version, service, broken) in enumerate(sent):
+        call = {"id": f"call_{n:04d}Xk2pQ", "name": "get_weather", "arguments": {"city": 7 if broken else "Oslo"}}
+        span = make_span(f"{n + 1:032x}", "01" * 8, "chat", chat_attributes([call]))
+        requests.append(("traces", export_request([span], {"service.name": service,
+                                                           "tracemill.harness.version": version})))
+    _collected(url, tmp_path, requests)
+    try:
+        at = _app_on(url, "vic", Role.VIEWER, monkeypatch)
+        at.switch_page("pages/failures.py").run()
+        assert not at.exception, at.exception
+        (compared,) = [d.value for d in at.dataframe if "v1 rate" in d.value.columns]
+        assert list(compared["v1 rate"]) == [0.5] and list(compared["v2 rate"]) == [0.5]
+        assert list(compared["change"]) == ["no significant change"]
+        assert any("v2 read from the reviser sidecar's record alone" in c.value for c in at.caption)
     finally:
         get_settings.cache_clear()

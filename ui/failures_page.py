@@ -9,7 +9,7 @@ from typing import Any
 
 import streamlit as st
 
-from tracemill.miner.failures import GROUP_FIELDS, NONE, FailureCounts, FailureReport, harness_changes
+from tracemill.miner.failures import GROUP_FIELDS, NONE, FailureCounts, FailureReport, harness_changes, sidecar_versions
 from tracemill.rates import percent
 from tracemill.store.queries import SIDECAR_SERVICE, CallFilter
 from tracemill.store.tables import utcnow
@@ -21,11 +21,13 @@ CLUSTERS = {"tool · stage · kind · pointer": GROUP_FIELDS, "tool · stage · 
 PERIODS = {"all time": None, "last 30 days": 30, "last 7 days": 7, "last day": 1}
 
 
-def _report(ctx: Context, fields: tuple[str, ...], days: int | None, service: str | None) -> FailureReport:
-    since = (utcnow() - timedelta(days=days)).date().isoformat() if days is not None else None
-    held = kept(ctx.store_key, f"failure counts of service {service}")  # None: every service's
+def _report(ctx: Context, fields: tuple[str, ...], since: str | None, service: str | None,
+            harness_version: str | None = None) -> FailureReport:
+    """The report of the calls of `service` (None: every service's) and `harness_version` (None: every version's)
+    made on day `since` or later, from counts kept between reruns."""
+    held = kept(ctx.store_key, f"failure counts of service {service}, harness version {harness_version}")
     with held.lock, st.spinner("Counting new calls…"):
-        counts = held.value or FailureCounts(CallFilter(service=service))
+        counts = held.value or FailureCounts(CallFilter(service=service, harness_version=harness_version))
         held.value = counts = counts.update(ctx.engine)
         return counts.report(fields, since_day=since)
 
@@ -53,7 +55,9 @@ def render() -> None:
     with middle:
         service = choice("Service", services, "failures_service")
     period = right.selectbox("Calls made", list(PERIODS), key="failures_period")
-    report = _report(ctx, CLUSTERS[cluster], PERIODS[period], service)
+    days = PERIODS[period]
+    since = (utcnow() - timedelta(days=days)).date().isoformat() if days is not None else None
+    report = _report(ctx, CLUSTERS[cluster], since, service)
     if not report.total_calls:
         st.info("Nothing here yet: no tool call is stored" + ("" if PERIODS[period] is None else " for this period")
                 + ". Point an agent at the collector, or run `tracemill simulate`.")
@@ -64,7 +68,8 @@ def render() -> None:
                    " of calls")
     cols[2].metric("Failure modes", f"{len(report.modes):,}")
     cols[3].metric("Days", f"{len(report.calls_by_day):,}")
-    if service is None and SIDECAR_SERVICE in services and len(services) > 1:
+    mixed = service is None and SIDECAR_SERVICE in services and len(services) > 1
+    if mixed:
         st.caption(f"Behind the reviser sidecar an answer is counted here twice: as the model sent it (service "
                    f"{SIDECAR_SERVICE}) and as the agent got it. Pick a service to read one record; harness versions "
                    "compare on the sidecar's, the model's answers as sent.")
@@ -82,7 +87,7 @@ def render() -> None:
     st.subheader("By harness version")
     st.bar_chart(_rates(report, "by_harness", report.calls_by_harness), height=280, y_label="failure rate",
                  stack=False)
-    _compare(report)
+    _compare(ctx, report, since, mixed)
     left, right = st.columns(2)
     with left:
         st.subheader("By model")
@@ -104,7 +109,10 @@ def render() -> None:
                  column_config={"share of calls": st.column_config.NumberColumn(format="percent")})
 
 
-def _compare(report: FailureReport) -> None:
+def _compare(ctx: Context, report: FailureReport, since: str | None, mixed: bool) -> None:
+    """Two harness versions side by side. Where the report holds the reviser sidecar's record beside the agent's
+    (`mixed`), a version the sidecar recorded is read from its record alone, as `tracemill failures --compare` and
+    `tracemill cycle` read it."""
     versions = [v for v in sorted(report.calls_by_harness) if v != NONE]
     if len(versions) < 2:
         st.caption("One harness version so far: a second one is compared with it here.")
@@ -114,10 +122,19 @@ def _compare(report: FailureReport) -> None:
     b = right.selectbox("with", versions, index=len(versions) - 1, key="failures_b")
     if a == b:
         return
-    rows = harness_changes(report, a, b)
+    behind = sidecar_versions(ctx.engine, (a, b)) if mixed else set()
+    if behind:
+        first, second = (_report(ctx, report.fields, since, SIDECAR_SERVICE if v in behind else None, v)
+                         for v in (a, b))
+        rows = harness_changes(first, a, b, second=second)
+    else:
+        rows = harness_changes(report, a, b)
     changed = [r for r in rows if r.significant]
     st.markdown(f"**{a} → {b}**: {len(changed)} of {len(rows)} modes changed significantly "
                 f"(two-proportion z-test, Fisher's exact test where counts are small; Bonferroni over the modes).")
+    if behind:
+        st.caption(f"{' and '.join(sorted(behind))} read from the reviser sidecar's record alone (the model's answers "
+                   "as sent), as `tracemill failures --compare` and the cycle read them.")
     st.dataframe([{"mode": r.label, f"{a} rate": r.rate_a, f"{b} rate": r.rate_b, "p-value": r.p_value,
                    "change": r.change} for r in rows], hide_index=True, width="stretch",
                  column_config={f"{a} rate": st.column_config.NumberColumn(format="percent"),
