@@ -58,7 +58,10 @@ class CollectorProcess:
         self._workdir = workdir
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout: float = 30.0) -> CollectorProcess:
+    def start(self, timeout: float = 30.0, tries: int = 3) -> CollectorProcess:
+        """`tries`: starts on new ports when a port `free_port` found was taken before the collector bound it (the
+        tests' own connections draw their local ports from the same range)."""
+        logged = self.log.stat().st_size if self.log.exists() else 0
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "tracemill.cli", "collector", "--port", str(self.port),
@@ -69,7 +72,12 @@ class CollectorProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"collector exited with {self.proc.returncode}:\n{self.log.read_text()}")
+                said = self.log.read_bytes()[logged:].decode(errors="replace")
+                if "address already in use" in said.lower() and tries > 1:
+                    self.port, self.grpc_port = free_port(), free_port()
+                    self.url, self.grpc_target = f"http://127.0.0.1:{self.port}", f"127.0.0.1:{self.grpc_port}"
+                    return self.start(timeout, tries - 1)
+                raise RuntimeError(f"collector exited with {self.proc.returncode}:\n{said}")
             try:
                 if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
                     return self
