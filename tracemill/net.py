@@ -17,16 +17,19 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 class ServerThread:
     """An ASGI app served by uvicorn on a free port of 127.0.0.1, in a daemon thread (uvicorn installs no signal
-    handlers outside the main thread, so Ctrl-C stays with the caller)."""
+    handlers outside the main thread, so Ctrl-C stays with the caller). The port is bound here and the socket handed
+    to uvicorn: no other process can take it in between."""
 
     def __init__(self, app: Any) -> None:
         import uvicorn
 
-        self.port = free_port()
+        self.socket = socket.socket()
+        self.socket.bind(("127.0.0.1", 0))
+        self.port = int(self.socket.getsockname()[1])
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
                                                     access_log=False, lifespan="on"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
 
     def start(self, timeout: float = 20.0) -> ServerThread:
         self.thread.start()
@@ -40,3 +43,4 @@ class ServerThread:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(20)
+        self.socket.close()
