@@ -50,9 +50,9 @@ def failures(db_url: str | None, where: CallFilter, since: datetime | None, unti
     if compare:
         for version in compare:
             read_store(db_url, replace(where, harness_version=version))
-        rows = compare_harness(engine, compare[0], compare[1], where, by=fields)[:limit]
-        behind = sorted(sidecar_versions(engine, compare)) if where.service is None else []
-        _print_comparison(rows, compare, behind, as_json, markdown)
+        behind = sidecar_versions(engine, compare, where)
+        rows = compare_harness(engine, compare[0], compare[1], where, by=fields, behind=behind)[:limit]
+        _print_comparison(rows, compare, sorted(behind), as_json, markdown)
         return
     report = failure_report(engine, where, by=fields, limit=limit)
     if as_json:

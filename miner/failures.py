@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -335,21 +336,28 @@ def _log_choose(n: int, k: int) -> float:
     return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
 
 
-def sidecar_versions(source: Engine | Connection, versions: Sequence[str]) -> set[str]:
+def sidecar_versions(source: Engine | Connection, versions: Sequence[str],
+                     where: CallFilter = CallFilter()) -> set[str]:
     """Of these harness versions, those whose answers the reviser sidecar recorded (the agent named its version to
     it): such a version is rated on the sidecar's record, the model's answers as sent, since what the agent got behind
-    the sidecar was revised and a better reviser would pass for a better harness."""
+    the sidecar was revised and a better reviser would pass for a better harness. None where `where` names a service:
+    its record is the one read."""
+    if where.service is not None:
+        return set()
     with _engine(source).connect() as conn:
         return set(conn.execute(select(C.harness_version).distinct().where(
             C.harness_version.in_(versions), C.service_name == SIDECAR_SERVICE)).scalars())
 
 
 def compare_harness(source: Engine | Connection, a: str, b: str, where: CallFilter = CallFilter(), *,
-                    by: Sequence[str] = GROUP_FIELDS, alpha: float = 0.05) -> list[HarnessComparison]:
+                    by: Sequence[str] = GROUP_FIELDS, alpha: float = 0.05,
+                    behind: AbstractSet[str] | None = None) -> list[HarnessComparison]:
     """Every mode seen under harness version `a` or `b`, with its rate under each (of all the calls each version
     made that `where` selects) and whether it changed; the modes that changed most first. Unless `where` names a
-    service, a version the reviser sidecar recorded is read from its record alone (`sidecar_versions`)."""
-    behind = sidecar_versions(source, (a, b)) if where.service is None else set()
+    service, a version the reviser sidecar recorded is read from its record alone (`sidecar_versions`; `behind`:
+    its answer, where the caller has it already)."""
+    if behind is None:
+        behind = sidecar_versions(source, (a, b), where)
     if not behind:
         return harness_changes(failure_report(source, replace(where, harness_version=None), by=by), a, b, alpha=alpha)
     first, second = (failure_report(source, replace(where, harness_version=v, service=(
