@@ -37,7 +37,7 @@ from tracemill.simulate import simulate
 from tracemill.store.bulk import BulkInsert
 from tracemill.store.engine import make_engine
 from tracemill.store.migrate import upgrade
-from tracemill.store.payloads import PAYLOAD_MIN_CHARS, is_reference, reference
+from tracemill.store.payloads import PAYLOAD_MIN_CHARS, assemble, bodies_of, digests, is_reference, stored_form
 from tracemill.store.tables import PayloadRow, SpanRow, ToolCallRow, ToolExecutionRow, utcnow
 
 PROFILES = ("llama3.1-8b", "gemma3-27b", "qwen3")
@@ -83,7 +83,7 @@ def _base_corpus(url: str, episodes: int) -> None:
 
 def _salted(value: Any, copy: int, payloads: dict[str, str], new_payloads: dict[str, dict[str, Any]]) -> Any:
     """A conversation with the copy's number in its first user request."""
-    body = payloads[value["$payload"]] if is_reference(value) else value
+    body = assemble(value, payloads) if is_reference(value) else value
     if not isinstance(body, str):
         return value
     messages = orjson.loads(body)
@@ -94,8 +94,8 @@ def _salted(value: Any, copy: int, payloads: dict[str, str], new_payloads: dict[
     salted = orjson.dumps(messages).decode()
     if len(salted) < PAYLOAD_MIN_CHARS:
         return salted
-    digest, ref = reference(salted)
-    new_payloads[digest] = {"digest": digest, "body": salted, "chars": len(salted)}
+    bodies, ref = stored_form(salted)
+    new_payloads.update((d, {"digest": d, "body": b, "chars": len(b)}) for d, b in bodies.items())
     return ref
 
 
@@ -106,10 +106,8 @@ def _copy(engine: Engine, target_calls: int) -> None:
         spans = [dict(r._mapping) for r in conn.execute(select(SpanRow).order_by(SpanRow.id))]
         calls = [dict(r._mapping) for r in conn.execute(select(ToolCallRow).order_by(ToolCallRow.id))]
         executions = [dict(r._mapping) for r in conn.execute(select(ToolExecutionRow).order_by(ToolExecutionRow.id))]
-        digests = {v["$payload"] for s in spans for k, v in s["attributes"].items()
-                   if k == "gen_ai.input.messages" and is_reference(v)}
-        payloads = dict(conn.execute(select(PayloadRow.digest, PayloadRow.body)
-                                     .where(PayloadRow.digest.in_(digests))).all())
+        payloads = bodies_of(conn, (d for s in spans for k, v in s["attributes"].items()
+                                    if k == "gen_ai.input.messages" and is_reference(v) for d in digests(v)))
     for rows in (spans, calls, executions):
         for row in rows:
             row.pop("id", None)

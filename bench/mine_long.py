@@ -35,18 +35,21 @@ from mine import build, machine, measure, save
 
 MESSAGES = "gen_ai.input.messages"
 
-# a conversation over PAYLOAD_MIN_CHARS is stored once in `payloads`, a shorter one inline in the span's attributes
+# a conversation over PAYLOAD_MIN_CHARS is stored once in `payloads` (a long one in parts: the document goes at the
+# start of the first), a shorter one inline in the span's attributes
 _LENGTHEN = {
     "sqlite": (
         ("UPDATE payloads SET body = '[' || :document || ',' || substr(body, 2), chars = chars + :chars + 1 "
-         f"WHERE digest IN (SELECT json_extract(attributes, '$.\"{MESSAGES}\".\"$payload\"') FROM spans)"),
+         f"WHERE digest IN (SELECT json_extract(attributes, '$.\"{MESSAGES}\".\"$payload\"') FROM spans "
+         f"UNION SELECT json_extract(attributes, '$.\"{MESSAGES}\".\"$parts\"[0][0]') FROM spans)"),
         (f"UPDATE spans SET attributes = json_set(attributes, '$.\"{MESSAGES}\"', "
          f"'[' || :document || ',' || substr(json_extract(attributes, '$.\"{MESSAGES}\"'), 2)) "
          f"WHERE json_type(attributes, '$.\"{MESSAGES}\"') = 'text'"),
     ),
     "postgresql": (
         ("UPDATE payloads SET body = '[' || :document || ',' || substr(body, 2), chars = chars + :chars + 1 "
-         f"WHERE digest IN (SELECT attributes -> '{MESSAGES}' ->> '$payload' FROM spans)"),
+         f"WHERE digest IN (SELECT attributes -> '{MESSAGES}' ->> '$payload' FROM spans "
+         f"UNION SELECT attributes -> '{MESSAGES}' -> '$parts' -> 0 ->> 0 FROM spans)"),
         (f"UPDATE spans SET attributes = jsonb_set(attributes::jsonb, '{{{MESSAGES}}}', "
          f"to_jsonb('[' || :document || ',' || substr(attributes ->> '{MESSAGES}', 2)))::json "
          f"WHERE json_typeof(attributes -> '{MESSAGES}') = 'string'"),

@@ -30,7 +30,7 @@ from tracemill.collector.numbered import NumberedCalls, link_numbered, numbered_
 from tracemill.spans import SpanRecord
 from tracemill.store.bulk import BulkInsert
 from tracemill.store.engine import insert_ignoring_duplicates
-from tracemill.store.payloads import PAYLOAD_MIN_CHARS, reference
+from tracemill.store.payloads import PAYLOAD_MIN_CHARS, stored_form
 from tracemill.store.queries import trace_spans
 from tracemill.store.tables import LogEventRow, PayloadRow, SpanRow, ToolCallRow, ToolExecutionRow, ToolsetRow, utcnow
 from tracemill.tools import Tool, tool_index, toolset_hash
@@ -415,10 +415,10 @@ class SpanWriter:
         if large:
             attributes = dict(attributes)
             for key in large:
-                text = attributes[key]
-                digest, attributes[key] = reference(text)
-                if digest not in self._payloads and digest not in payload_rows:
-                    payload_rows[digest] = {"digest": digest, "body": text, "chars": len(text)}
+                bodies, attributes[key] = stored_form(attributes[key])
+                for digest, body in bodies.items():
+                    if digest not in self._payloads and digest not in payload_rows:
+                        payload_rows[digest] = {"digest": digest, "body": body, "chars": len(body)}
         return {
             "trace_id": span.trace_id, "span_id": span.span_id, "parent_span_id": span.parent_span_id,
             "name": span.name, "kind": span.kind, "start_time_ns": span.start_time_ns,

@@ -44,7 +44,7 @@ def test_large_values_are_stored_once_and_read_back(db_url: str, start_collector
             assert is_reference(reference) and reference["chars"] == len(definitions)
             assert not is_reference(attributes["gen_ai.operation.name"])
             assert resolve(conn, attributes)["gen_ai.tool.definitions"] == definitions
-        key = stored[0]["gen_ai.tool.definitions"]["$payload"]
+        key = stored[0]["gen_ai.tool.definitions"]
         assert read_payload(conn, key, offset=10, limit=50) == definitions[10:60]
         assert read_payload(conn, key, offset=len(definitions) - 7) == definitions[-7:]
         whole = trace_spans(conn, "ab" * 16)
@@ -54,3 +54,52 @@ def test_large_values_are_stored_once_and_read_back(db_url: str, start_collector
         calls = conn.execute(text("select count(*) from tool_calls where name_valid")).scalar_one()
     engine.dispose()
     assert calls == 5, "the calls were verified against the full definitions"
+
+
+def _agent_run(trace_id: str, turns: int) -> list[tuple[str, str]]:
+    """An agent's run as its chat spans carry it: the k-th model call sent the whole conversation so far, k messages of
+    about 1,500 characters (a pasted document, tool results), and got a call back whose tool name is misspelled. (span
+    id, the conversation as sent) of each."""
+    messages = [{"role": "user" if k % 2 == 0 else "tool",
+                 "parts": [{"type": "text", "content": f"turn {k}: " + "lorem ipsum dolor sit amet " * 55}]}
+                for k in range(turns)]
+    return [(f"{k + 1:016x}", json.dumps(messages[:k + 1])) for k in range(turns)]
+
+
+def test_a_run_s_growing_conversation_is_stored_once_and_read_back_byte_for_byte(  # type: ignore[no-untyped-def]
+        db_url: str, start_collector, tmp_path) -> None:
+    from tracemill.miner.export import MineOptions, mine
+
+    collector = start_collector(db_url)
+    trace = "cd" * 16
+    run = _agent_run(trace, 30)
+    spans = []
+    for k, (span_id, conversation) in enumerate(run):
+        attributes = chat_attributes([{"id": f"call_{k:08d}", "name": "get_wether", "arguments": {"city": f"C{k}"}}])
+        spans.append(make_span(trace, span_id, "chat", {**attributes, "gen_ai.input.messages": conversation},
+                               start_ns=1_700_000_000_000_000_000 + k * 10**9))
+    for start in range(0, len(spans), 7):
+        response = httpx.post(f"{collector.url}/v1/traces", content=export_request(spans[start:start + 7]),
+                              headers={"Content-Type": "application/x-protobuf"})
+        assert response.status_code == 200
+
+    sent = dict(run)
+    engine = make_engine(db_url)
+    with engine.connect() as conn:
+        stored = conn.execute(text("select sum(chars) from payloads")).scalar_one()
+        whole = trace_spans(conn, trace)
+        refs = {s.span_id: s.attributes["gen_ai.input.messages"] for s in trace_spans(conn, trace, resolved=False)}
+        last = run[-1][0]
+        pages = [read_payload(conn, refs[last], offset, 1000) for offset in range(0, len(sent[last]), 1000)]
+        middle = read_payload(conn, refs[last], 5000, 7000)
+    result = mine(engine, tmp_path / "export", MineOptions(eval_share=0.0))
+    engine.dispose()
+
+    sent_in_all = sum(len(c) for c in sent.values())
+    assert stored < 2 * len(sent[last]) < sent_in_all / 7, "a run's conversations take room in proportion to its length"
+    assert {s.span_id: s.attributes["gen_ai.input.messages"] for s in whole} == sent
+    assert "".join(pages) == sent[last] and middle == sent[last][5000:12000]
+    rows = [json.loads(line) for line in (result.path / "train.jsonl").read_text().splitlines()]
+    assert len(rows) == 30 and {r["context"] for r in rows} == set(sent.values())
+    assert all(f"turn {int(json.loads(r['raw'])['arguments']['city'][1:])}:" in r["prompt"][-1]["content"]
+               for r in rows), "each prompt holds the newest turn its call answered"

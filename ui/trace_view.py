@@ -155,5 +155,5 @@ def _attributes(ctx: Context, span: SpanRecord, masked: bool) -> None:
             pages = max(1, -(-chars // PAYLOAD_PAGE))
             page = st.number_input(f"page of {pages}", 1, pages, 1, key=f"pg_{span.span_id}_{key}") if pages > 1 else 1
             with ctx.engine.connect() as conn:
-                text = read_payload(conn, ref["$payload"], (page - 1) * PAYLOAD_PAGE, PAYLOAD_PAGE)
+                text = read_payload(conn, ref, (page - 1) * PAYLOAD_PAGE, PAYLOAD_PAGE)
             st.code(text, language="json" if text.lstrip().startswith(("{", "[")) else None, wrap_lines=True)

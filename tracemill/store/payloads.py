@@ -1,9 +1,15 @@
-"""Large attribute values, stored once (table `payloads`) and read back whole or a page at a time."""
+"""Large attribute values, stored once (table `payloads`) and read back whole or a page at a time.
+
+A value of `PAYLOAD_MIN_CHARS` or more stands in a span's attributes as a reference: `{"$payload": sha256, "chars":
+n}`, or, for a conversation of `PARTS_MIN_CHARS` or more, `{"$parts": [[sha256, chars], ...], "chars": n}`, each part
+a payload of its own. An agent sends its whole conversation with every model call, so the conversation of a run's
+k-th call repeats the k-1 before it: stored whole, a run's conversations grow with the square of its length; cut into
+parts that the next call's conversation shares, they grow with its length."""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, func, select
@@ -11,7 +17,11 @@ from sqlalchemy import Connection, func, select
 from tracemill.store.tables import PayloadRow
 
 PAYLOAD_MIN_CHARS = 1024
+PARTS_MIN_CHARS = 4 * PAYLOAD_MIN_CHARS  # a shorter value is stored whole: a few KB a model call at most
 REF_KEY = "$payload"
+PARTS_KEY = "$parts"
+# where a message begins in a conversation written as JSON (GenAI's and OpenAI's message objects): where parts are cut
+MESSAGE_START = '{"role"'
 
 K = TypeVar("K")
 
@@ -20,39 +30,114 @@ def digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def reference(text: str) -> tuple[str, dict[str, Any]]:
-    """The digest of a large value and what stands in its place in a span's attributes."""
-    key = digest(text)
-    return key, {REF_KEY: key, "chars": len(text)}
+def split_parts(text: str) -> list[str]:
+    """`text` cut before each message that begins `PAYLOAD_MIN_CHARS` or more after the last cut (where it has
+    `PARTS_MIN_CHARS`). Where a cut falls depends only on the text before it, so a conversation and the same
+    conversation a few messages later are cut alike: they share every part but the last."""
+    if len(text) < PARTS_MIN_CHARS:
+        return [text]
+    parts, last = [], 0
+    start = text.find(MESSAGE_START, PAYLOAD_MIN_CHARS)
+    while start != -1:
+        parts.append(text[last:start])
+        last = start
+        start = text.find(MESSAGE_START, last + PAYLOAD_MIN_CHARS)
+    parts.append(text[last:])
+    return parts
+
+
+def stored_form(text: str) -> tuple[dict[str, str], dict[str, Any]]:
+    """The payloads a large value is stored as ({digest: body}) and the reference that stands in its place in a span's
+    attributes."""
+    parts = split_parts(text)
+    if len(parts) == 1:
+        key = digest(text)
+        return {key: text}, {REF_KEY: key, "chars": len(text)}
+    bodies: dict[str, str] = {}
+    listed = []
+    for part in parts:
+        key = digest(part)
+        bodies[key] = part
+        listed.append([key, len(part)])
+    return bodies, {PARTS_KEY: listed, "chars": len(text)}
 
 
 def is_reference(value: Any) -> bool:
-    return isinstance(value, Mapping) and isinstance(value.get(REF_KEY), str)
+    return isinstance(value, Mapping) and (isinstance(value.get(REF_KEY), str)
+                                           or isinstance(value.get(PARTS_KEY), list))
 
 
-def read_payload(conn: Connection, key: str, offset: int = 0, limit: int | None = None) -> str:
-    """A stored value, or the page of it from character `offset`, `limit` characters long."""
-    if offset == 0 and limit is None:
-        body: Any = PayloadRow.body
-    elif limit is None:
-        body = func.substr(PayloadRow.body, offset + 1)
-    else:
-        body = func.substr(PayloadRow.body, offset + 1, limit)
-    value = conn.execute(select(body).where(PayloadRow.digest == key)).scalar_one_or_none()
-    if value is None:
-        raise KeyError(f"no payload {key}")
-    return value
+def _parts(reference: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """(digest, chars) of each payload a reference's value is made of, in order."""
+    if isinstance(reference.get(REF_KEY), str):
+        return [(reference[REF_KEY], int(reference.get("chars") or 0))]
+    return [(str(key), int(chars)) for key, chars in reference[PARTS_KEY]]
+
+
+def digests(reference: Mapping[str, Any]) -> list[str]:
+    """The payloads a reference's value is made of, in order."""
+    return [key for key, _ in _parts(reference)]
+
+
+def assemble(reference: Mapping[str, Any], bodies: Mapping[str, str]) -> str | None:
+    """A reference's value from its payloads' bodies; None when one is not among them."""
+    found = [bodies.get(key) for key in digests(reference)]
+    return None if any(body is None for body in found) else "".join(found)  # type: ignore[arg-type]
+
+
+def bodies_of(conn: Connection, keys: Iterable[str]) -> dict[str, str]:
+    """{digest: body} of the payloads stored under these digests, read a few hundred at a time."""
+    wanted = sorted(set(keys))
+    found: dict[str, str] = {}
+    for start in range(0, len(wanted), 500):
+        found.update(conn.execute(select(PayloadRow.digest, PayloadRow.body)
+                                  .where(PayloadRow.digest.in_(wanted[start:start + 500]))).all())
+    return found
+
+
+def read_payload(conn: Connection, reference: Mapping[str, Any], offset: int = 0, limit: int | None = None) -> str:
+    """A stored value, or the page of it from character `offset`, `limit` characters long: only the payloads the page
+    falls in are read."""
+    if isinstance(reference.get(REF_KEY), str):
+        key = reference[REF_KEY]
+        if offset == 0 and limit is None:
+            body: Any = PayloadRow.body
+        elif limit is None:
+            body = func.substr(PayloadRow.body, offset + 1)
+        else:
+            body = func.substr(PayloadRow.body, offset + 1, limit)
+        value = conn.execute(select(body).where(PayloadRow.digest == key)).scalar_one_or_none()
+        if value is None:
+            raise KeyError(f"no payload {key}")
+        return value
+    end = None if limit is None else offset + limit
+    wanted, at = [], 0
+    for key, chars in _parts(reference):
+        if at + chars > offset and (end is None or at < end):
+            wanted.append((key, at))
+        at += chars
+    bodies = bodies_of(conn, [key for key, _ in wanted])
+    if missing := [key for key, _ in wanted if key not in bodies]:
+        raise KeyError(f"no payload {missing[0]}")
+    text = "".join(bodies[key] for key, _ in wanted)
+    first = wanted[0][1] if wanted else offset
+    return text[offset - first:None if end is None else end - first]
 
 
 def resolve_all(conn: Connection, spans: Mapping[K, Mapping[str, Any]]) -> dict[K, dict[str, Any]]:
-    """Spans' attributes (by any key) with every stored-once value back in place, the values read in one query; a
-    value whose payload is gone stays its reference."""
-    keys = {v[REF_KEY] for attributes in spans.values() for v in attributes.values() if is_reference(v)}
+    """Spans' attributes (by any key) with every stored-once value back in place, the values read together; a value
+    whose payload is gone stays its reference."""
+    keys = {key for attributes in spans.values() for v in attributes.values() if is_reference(v) for key in digests(v)}
     if not keys:
         return {key: dict(attributes) for key, attributes in spans.items()}
-    bodies = dict(conn.execute(select(PayloadRow.digest, PayloadRow.body).where(PayloadRow.digest.in_(keys))).all())
-    return {key: {k: bodies.get(v[REF_KEY], v) if is_reference(v) else v for k, v in attributes.items()}
+    bodies = bodies_of(conn, keys)
+    return {key: {k: _resolved(v, bodies) if is_reference(v) else v for k, v in attributes.items()}
             for key, attributes in spans.items()}
+
+
+def _resolved(reference: Mapping[str, Any], bodies: Mapping[str, str]) -> Any:
+    value = assemble(reference, bodies)
+    return reference if value is None else value
 
 
 def resolve(conn: Connection, attributes: Mapping[str, Any]) -> dict[str, Any]:

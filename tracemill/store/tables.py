@@ -41,7 +41,8 @@ class SpanRow(Base):
     """A raw OTLP span, as received. Idempotent on (trace_id, span_id): exporters retry.
 
     A string attribute of `PAYLOAD_MIN_CHARS` or more (tool definitions, conversations) is stored once in `payloads`
-    and appears in `attributes` as `{"$payload": sha256, "chars": n}`; `tracemill.store.payloads` reads it back."""
+    and appears in `attributes` as `{"$payload": sha256, "chars": n}` (a long conversation as the parts it was cut
+    into, `{"$parts": [[sha256, chars], ...], "chars": n}`); `tracemill.store.payloads` reads it back."""
 
     __tablename__ = "spans"
     __table_args__ = (
