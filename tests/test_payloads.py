@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 
 import httpx
+import pytest
 from sqlalchemy import select, text
 
 from tracemill.store.engine import make_engine
-from tracemill.store.payloads import PAYLOAD_MIN_CHARS, is_reference, read_payload, resolve
+from tracemill.store.payloads import PAYLOAD_MIN_CHARS, is_reference, read_payload, resolve, split_parts
 from tracemill.store.queries import trace_spans
 from tracemill.store.tables import SpanRow
 
@@ -96,10 +97,20 @@ def test_a_run_s_growing_conversation_is_stored_once_and_read_back_byte_for_byte
     engine.dispose()
 
     sent_in_all = sum(len(c) for c in sent.values())
-    assert stored < 2 * len(sent[last]) < sent_in_all / 7, "a run's conversations take room in proportion to its length"
+    assert stored < 1.2 * len(sent[last]) < sent_in_all / 12, "a run's conversations take about the room of its last"
     assert {s.span_id: s.attributes["gen_ai.input.messages"] for s in whole} == sent
     assert "".join(pages) == sent[last] and middle == sent[last][5000:12000]
     rows = [json.loads(line) for line in (result.path / "train.jsonl").read_text().splitlines()]
     assert len(rows) == 30 and {r["context"] for r in rows} == set(sent.values())
     assert all(f"turn {int(json.loads(r['raw'])['arguments']['city'][1:])}:" in r["prompt"][-1]["content"]
                for r in rows), "each prompt holds the newest turn its call answered"
+
+
+@pytest.mark.parametrize("separators", [(", ", ": "), (",", ":")], ids=["spaced", "compact"])
+def test_a_conversation_one_turn_longer_is_cut_alike_and_shares_every_message(separators: tuple[str, str]) -> None:
+    messages = [{"role": "user", "content": f"message {k} " + "x" * 2000} for k in range(6)]
+    before, after = (json.dumps(messages[:n], separators=separators) for n in (5, 6))
+    cut, later = split_parts(before), split_parts(after)
+    assert "".join(cut) == before and "".join(later) == after
+    assert later[:len(cut) - 1] == cut[:-1] and cut[-1] == later[-1] == "]"
+    assert len(later) == 7, "each message a part of its own, and the closing bracket"

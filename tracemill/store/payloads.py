@@ -9,6 +9,7 @@ parts that the next call's conversation shares, they grow with its length."""
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -20,8 +21,9 @@ PAYLOAD_MIN_CHARS = 1024
 PARTS_MIN_CHARS = 4 * PAYLOAD_MIN_CHARS  # a shorter value is stored whole: a few KB a model call at most
 REF_KEY = "$payload"
 PARTS_KEY = "$parts"
-# where a message begins in a conversation written as JSON (GenAI's and OpenAI's message objects): where parts are cut
-MESSAGE_START = '{"role"'
+# where a message begins in a conversation written as JSON (GenAI's and OpenAI's message objects, role first), with
+# the comma before it: parts are cut there, and before the bracket that closes the conversation
+MESSAGE_START = re.compile(r',\s*\{\s*"role"')
 
 K = TypeVar("K")
 
@@ -32,16 +34,20 @@ def digest(text: str) -> str:
 
 def split_parts(text: str) -> list[str]:
     """`text` cut before each message that begins `PAYLOAD_MIN_CHARS` or more after the last cut (where it has
-    `PARTS_MIN_CHARS`). Where a cut falls depends only on the text before it, so a conversation and the same
-    conversation a few messages later are cut alike: they share every part but the last."""
+    `PARTS_MIN_CHARS`), the comma before a message going with it, and before the bracket that closes the whole. Where
+    a cut falls depends only on the text before it, so a conversation and the same conversation a few messages later
+    are cut alike: they share every part but the last messages, and a message long enough to be a part of its own is
+    stored once however many later calls resend it."""
     if len(text) < PARTS_MIN_CHARS:
         return [text]
     parts, last = [], 0
-    start = text.find(MESSAGE_START, PAYLOAD_MIN_CHARS)
-    while start != -1:
-        parts.append(text[last:start])
-        last = start
-        start = text.find(MESSAGE_START, last + PAYLOAD_MIN_CHARS)
+    while (found := MESSAGE_START.search(text, last + PAYLOAD_MIN_CHARS)) is not None:
+        parts.append(text[last:found.start()])
+        last = found.start()
+    closing = text.rfind("]")
+    if parts and closing > last and not text[closing + 1:].strip():
+        parts.append(text[last:closing])
+        last = closing
     parts.append(text[last:])
     return parts
 
