@@ -36,7 +36,7 @@ from tracemill.miner.rows import build_row, reference_for
 from tracemill.reader import Reading, read
 from tracemill.reviser_prompt import PromptSettings, ReviserPrompt, build_prompt
 from tracemill.short_cache import cache_short
-from tracemill.store.payloads import PARTS_KEY, REF_KEY, assemble, bodies_of, digests, resolve_all
+from tracemill.store.payloads import PARTS_KEY, REF_KEY, assemble, bodies_of, digests, is_reference, resolve_all
 from tracemill.store.queries import CallFilter, StoredCall, by_span_keys, iter_traces, toolsets, trace_starts
 from tracemill.store.tables import PayloadRow, ReviewRow, SpanRow
 from tracemill.tools import Tool, tool_index
@@ -156,10 +156,14 @@ def _contexts(engine: Engine, calls: list[StoredCall]) -> dict[tuple[str, str], 
     statement; of the values stored once, only the conversations are read."""
     keys = list(dict.fromkeys((c.trace_id, c.span_id) for c in sorted(calls, key=attrgetter("id"))))  # the order stored
     with engine.connect() as conn:
-        rows = by_span_keys(conn, _GENAI_CONVERSATION, keys)
-        found = {(r.trace_id, r.span_id): genai_conversation(r.messages) for r in rows
-                 if r.messages is not None and r.parts is None}
-        cut = {(r.trace_id, r.span_id): {PARTS_KEY: r.parts} for r in rows if r.parts is not None}
+        found, cut = {}, {}
+        for r in by_span_keys(conn, _GENAI_CONVERSATION, keys):
+            if r.messages is None:
+                continue
+            if (parts := _parts_reference(r.messages)) is not None:
+                cut[(r.trace_id, r.span_id)] = parts
+            else:
+                found[(r.trace_id, r.span_id)] = genai_conversation(r.messages)
         if cut:  # stored in parts that the calls of a run share: each read once
             bodies = bodies_of(conn, (key for ref in cut.values() for key in digests(ref)))
             found.update((key, genai_conversation(text)) for key, ref in cut.items()
@@ -213,12 +217,22 @@ class _Conversations:
 
 
 # The GenAI conversation, extracted by the database as the text it was sent as, the stored-once text in its place
-# (decoding whole attributes, or having the database quote the text as JSON and decoding that, costs more); or the
-# parts it was stored in (`payloads.PARTS_KEY`)
+# (decoding whole attributes, or having the database quote the text as JSON and decoding that, costs more); for a
+# conversation stored in parts, the reference to them (`_parts_reference`)
 _GENAI_CONVERSATION = select(SpanRow.trace_id, SpanRow.span_id, func.coalesce(
     select(PayloadRow.body).where(PayloadRow.digest == SpanRow.attributes[(GENAI_MESSAGES, REF_KEY)].as_string())
-    .scalar_subquery(), SpanRow.attributes[GENAI_MESSAGES].as_string()).label("messages"),
-    SpanRow.attributes[(GENAI_MESSAGES, PARTS_KEY)].label("parts"))
+    .scalar_subquery(), SpanRow.attributes[GENAI_MESSAGES].as_string()).label("messages"))
+_PARTS_TEXT = '{"' + PARTS_KEY + '"'
+
+
+def _parts_reference(text: str) -> dict[str, Any] | None:
+    """The reference of a conversation stored in parts, from what `_GENAI_CONVERSATION` read in its place: the JSON
+    text of the attribute's object (both databases give it as stored, compact, its key first); None for a
+    conversation's own text."""
+    if not text.startswith(_PARTS_TEXT):
+        return None
+    value = orjson.loads(text)
+    return value if is_reference(value) else None
 
 
 def _reviews(engine: Engine, ids: list[int]) -> dict[int, Any]:
