@@ -24,6 +24,8 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -61,24 +63,32 @@ def _count(engine: Engine) -> int:
         return int(conn.execute(select(func.count()).select_from(ToolCallRow)).scalar_one())
 
 
-def _base_corpus(url: str, episodes: int) -> None:
+@contextmanager
+def running_collector(url: str) -> Iterator[str]:
+    """`tracemill collector` on the store at `url` while the block runs: its address."""
     port = free_port()
     collector = subprocess.Popen([sys.executable, "-m", "tracemill.cli", "collector", "--port", str(port),
                                   "--grpc-port", "0", "--db", url, "--workers", "1"],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    address = f"http://127.0.0.1:{port}"
     try:
         for _ in range(200):
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                if httpx.get(f"{address}/healthz", timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
                 time.sleep(0.1)
-        for n, profile in enumerate(PROFILES):
-            simulate(f"http://127.0.0.1:{port}", traces=episodes, seed=n, profile=profile, start_ns=START_NS,
-                     harness_version=f"sim-{1 + n % 2}")
+        yield address
     finally:
         collector.terminate()
         collector.wait(30)
+
+
+def _base_corpus(url: str, episodes: int) -> None:
+    with running_collector(url) as address:
+        for n, profile in enumerate(PROFILES):
+            simulate(address, traces=episodes, seed=n, profile=profile, start_ns=START_NS,
+                     harness_version=f"sim-{1 + n % 2}")
 
 
 def _salted(value: Any, copy: int, payloads: dict[str, str], new_payloads: dict[str, dict[str, Any]]) -> Any:
