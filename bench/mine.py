@@ -39,7 +39,7 @@ from tracemill.simulate import simulate
 from tracemill.store.bulk import BulkInsert
 from tracemill.store.engine import make_engine
 from tracemill.store.migrate import upgrade
-from tracemill.store.payloads import PAYLOAD_MIN_CHARS, assemble, bodies_of, digests, is_reference, stored_form
+from tracemill.store.payloads import PAYLOAD_MIN_CHARS, assemble, bodies_of, digests, in_parts, is_reference, reference
 from tracemill.store.tables import PayloadRow, SpanRow, ToolCallRow, ToolExecutionRow, utcnow
 
 PROFILES = ("llama3.1-8b", "gemma3-27b", "qwen3")
@@ -104,8 +104,13 @@ def _salted(value: Any, copy: int, payloads: dict[str, str], new_payloads: dict[
     salted = orjson.dumps(messages).decode()
     if len(salted) < PAYLOAD_MIN_CHARS:
         return salted
-    bodies, ref = stored_form(salted)
-    new_payloads.update((d, {"digest": d, "body": b, "chars": len(b)}) for d, b in bodies.items())
+    cut = in_parts(salted)
+    if cut is None:
+        key, ref = reference(salted)
+        pieces = [(key, salted)]
+    else:
+        pieces, ref = cut
+    new_payloads.update((d, {"digest": d, "body": b, "chars": len(b)}) for d, b in pieces)
     return ref
 
 

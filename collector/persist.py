@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +31,7 @@ from tracemill.collector.numbered import NumberedCalls, link_numbered, numbered_
 from tracemill.spans import SpanRecord
 from tracemill.store.bulk import BulkInsert
 from tracemill.store.engine import insert_ignoring_duplicates
-from tracemill.store.payloads import PAYLOAD_MIN_CHARS, stored_form
+from tracemill.store.payloads import CONVERSATIONS, PAYLOAD_MIN_CHARS, in_parts, reference
 from tracemill.store.queries import trace_spans
 from tracemill.store.tables import LogEventRow, PayloadRow, SpanRow, ToolCallRow, ToolExecutionRow, ToolsetRow, utcnow
 from tracemill.tools import Tool, tool_index, toolset_hash
@@ -415,8 +416,14 @@ class SpanWriter:
         if large:
             attributes = dict(attributes)
             for key in large:
-                bodies, attributes[key] = stored_form(attributes[key])
-                for digest, body in bodies.items():
+                text = attributes[key]
+                cut = in_parts(text) if key in CONVERSATIONS else None
+                if cut is None:
+                    digest, attributes[key] = reference(text)
+                    pieces: Sequence[tuple[str, str]] = ((digest, text),)
+                else:
+                    pieces, attributes[key] = cut
+                for digest, body in pieces:
                     if digest not in self._payloads and digest not in payload_rows:
                         payload_rows[digest] = {"digest": digest, "body": body, "chars": len(body)}
         return {

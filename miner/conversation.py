@@ -17,6 +17,7 @@ from sqlalchemy import Connection
 from tracemill.collector.joins import stored_events
 from tracemill.collector.logs import LogEvent
 from tracemill.collector.normalize import json_attribute
+from tracemill.store.payloads import CONVERSATIONS
 from tracemill.store.queries import span
 
 _FLAT = re.compile(r"llm\.input_messages\.(\d+)\.message\.(role|content)$")
@@ -44,8 +45,7 @@ def _messages(value: Any) -> list[Any] | None:
             for m in decoded if type(m) is dict or isinstance(m, (Mapping, str))]
 
 
-GENAI_MESSAGES = "gen_ai.input.messages"
-_KEYS = (GENAI_MESSAGES, "gen_ai.prompt", "input.value")
+GENAI_MESSAGES = CONVERSATIONS[0]
 
 
 def genai_conversation(stored: str) -> Conversation:
@@ -59,12 +59,12 @@ def genai_conversation(stored: str) -> Conversation:
 
 def is_conversation(key: str) -> bool:
     """Whether a span attribute holds (part of) the conversation `span_messages` reads."""
-    return key in _KEYS or key.startswith("llm.input_messages.")
+    return key in CONVERSATIONS or key.startswith("llm.input_messages.")
 
 
 def span_messages(attributes: Mapping[str, Any]) -> list[Any]:
     """The input messages of one model-call span (its payloads resolved); [] when the span does not say."""
-    for key in _KEYS:
+    for key in CONVERSATIONS:
         if key in attributes:
             found = _messages(attributes[key])
             if found:

@@ -1,10 +1,10 @@
 """Large attribute values, stored once (table `payloads`) and read back whole or a page at a time.
 
 A value of `PAYLOAD_MIN_CHARS` or more stands in a span's attributes as a reference: `{"$payload": sha256, "chars":
-n}`, or, for a conversation of `PARTS_MIN_CHARS` or more, `{"$parts": [[sha256, chars], ...], "chars": n}`, each part
-a payload of its own. An agent sends its whole conversation with every model call, so the conversation of a run's
-k-th call repeats the k-1 before it: stored whole, a run's conversations grow with the square of its length; cut into
-parts that the next call's conversation shares, they grow with its length."""
+n}`, or, for a conversation (`CONVERSATIONS`) of `PARTS_MIN_CHARS` or more, `{"$parts": [[sha256, chars], ...],
+"chars": n}`, each part a payload of its own. An agent sends its whole conversation with every model call, so the
+conversation of a run's k-th call repeats the k-1 before it: stored whole, a run's conversations grow with the square
+of its length; cut into parts that the next call's conversation shares, they grow with its length."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ PAYLOAD_MIN_CHARS = 1024
 PARTS_MIN_CHARS = 4 * PAYLOAD_MIN_CHARS  # a shorter value is stored whole: a few KB a model call at most
 REF_KEY = "$payload"
 PARTS_KEY = "$parts"
+# the attributes that hold a model call's whole conversation as JSON (OpenTelemetry GenAI, LangSmith, OpenInference)
+CONVERSATIONS = ("gen_ai.input.messages", "gen_ai.prompt", "input.value")
 # where a message begins in a conversation written as JSON (GenAI's and OpenAI's message objects, role first), with
 # the comma before it: parts are cut there, and before the bracket that closes the conversation
 MESSAGE_START = re.compile(r',\s*\{\s*"role"')
@@ -52,20 +54,20 @@ def split_parts(text: str) -> list[str]:
     return parts
 
 
-def stored_form(text: str) -> tuple[dict[str, str], dict[str, Any]]:
-    """The payloads a large value is stored as ({digest: body}) and the reference that stands in its place in a span's
-    attributes."""
+def reference(text: str) -> tuple[str, dict[str, Any]]:
+    """The digest of a large value stored whole and what stands in its place in a span's attributes."""
+    key = digest(text)
+    return key, {REF_KEY: key, "chars": len(text)}
+
+
+def in_parts(text: str) -> tuple[list[tuple[str, str]], dict[str, Any]] | None:
+    """A conversation (an attribute of `CONVERSATIONS`) as the payloads it is stored in, (digest, body) each, and the
+    reference that stands in its place; None where it is stored whole (`reference`)."""
     parts = split_parts(text)
     if len(parts) == 1:
-        key = digest(text)
-        return {key: text}, {REF_KEY: key, "chars": len(text)}
-    bodies: dict[str, str] = {}
-    listed = []
-    for part in parts:
-        key = digest(part)
-        bodies[key] = part
-        listed.append([key, len(part)])
-    return bodies, {PARTS_KEY: listed, "chars": len(text)}
+        return None
+    pieces = [(digest(part), part) for part in parts]
+    return pieces, {PARTS_KEY: [[key, len(part)] for key, part in pieces], "chars": len(text)}
 
 
 def is_reference(value: Any) -> bool:
@@ -82,11 +84,15 @@ def _parts(reference: Mapping[str, Any]) -> list[tuple[str, int]]:
 
 def digests(reference: Mapping[str, Any]) -> list[str]:
     """The payloads a reference's value is made of, in order."""
-    return [key for key, _ in _parts(reference)]
+    key = reference.get(REF_KEY)
+    return [key] if isinstance(key, str) else [str(part[0]) for part in reference[PARTS_KEY]]
 
 
 def assemble(reference: Mapping[str, Any], bodies: Mapping[str, str]) -> str | None:
     """A reference's value from its payloads' bodies; None when one is not among them."""
+    key = reference.get(REF_KEY)
+    if isinstance(key, str):
+        return bodies.get(key)
     found = [bodies.get(key) for key in digests(reference)]
     return None if any(body is None for body in found) else "".join(found)  # type: ignore[arg-type]
 
