@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +30,7 @@ from tracemill.collector.numbered import NumberedCalls, link_numbered, numbered_
 from tracemill.spans import SpanRecord
 from tracemill.store.bulk import BulkInsert
 from tracemill.store.engine import insert_ignoring_duplicates
-from tracemill.store.payloads import CONVERSATIONS, PAYLOAD_MIN_CHARS, in_parts, reference
+from tracemill.store.payloads import CONVERSATIONS, PARTS_MIN_CHARS, PAYLOAD_MIN_CHARS, in_parts, reference
 from tracemill.store.queries import trace_spans
 from tracemill.store.tables import LogEventRow, PayloadRow, SpanRow, ToolCallRow, ToolExecutionRow, ToolsetRow, utcnow
 from tracemill.tools import Tool, tool_index, toolset_hash
@@ -42,6 +41,7 @@ _TOOLSETS = ToolsetRow.__table__
 _CALLS = ToolCallRow.__table__
 _EXECUTIONS = ToolExecutionRow.__table__
 _PAYLOADS = PayloadRow.__table__
+_CONVERSATIONS = frozenset(CONVERSATIONS)
 
 _LINK_EXECUTION = (
     update(_CALLS)
@@ -417,12 +417,13 @@ class SpanWriter:
             attributes = dict(attributes)
             for key in large:
                 text = attributes[key]
-                cut = in_parts(text) if key in CONVERSATIONS else None
+                cut = in_parts(text) if key in _CONVERSATIONS and len(text) >= PARTS_MIN_CHARS else None
                 if cut is None:
                     digest, attributes[key] = reference(text)
-                    pieces: Sequence[tuple[str, str]] = ((digest, text),)
-                else:
-                    pieces, attributes[key] = cut
+                    if digest not in self._payloads and digest not in payload_rows:
+                        payload_rows[digest] = {"digest": digest, "body": text, "chars": len(text)}
+                    continue
+                pieces, attributes[key] = cut
                 for digest, body in pieces:
                     if digest not in self._payloads and digest not in payload_rows:
                         payload_rows[digest] = {"digest": digest, "body": body, "chars": len(body)}
