@@ -75,13 +75,6 @@ def is_reference(value: Any) -> bool:
                                            or isinstance(value.get(PARTS_KEY), list))
 
 
-def _parts(reference: Mapping[str, Any]) -> list[tuple[str, int]]:
-    """(digest, chars) of each payload a reference's value is made of, in order."""
-    if isinstance(reference.get(REF_KEY), str):
-        return [(reference[REF_KEY], int(reference.get("chars") or 0))]
-    return [(str(key), int(chars)) for key, chars in reference[PARTS_KEY]]
-
-
 def digests(reference: Mapping[str, Any]) -> list[str]:
     """The payloads a reference's value is made of, in order."""
     key = reference.get(REF_KEY)
@@ -124,10 +117,10 @@ def read_payload(conn: Connection, reference: Mapping[str, Any], offset: int = 0
         return value
     end = None if limit is None else offset + limit
     wanted, at = [], 0
-    for key, chars in _parts(reference):
+    for key, chars in reference[PARTS_KEY]:
         if at + chars > offset and (end is None or at < end):
-            wanted.append((key, at))
-        at += chars
+            wanted.append((str(key), at))
+        at += int(chars)
     bodies = bodies_of(conn, [key for key, _ in wanted])
     if missing := [key for key, _ in wanted if key not in bodies]:
         raise KeyError(f"no payload {missing[0]}")
