@@ -19,7 +19,7 @@ from tracemill.serving import deployments
 from tracemill.settings import get_settings
 from tracemill.store import learning
 from tracemill.store.engine import make_engine
-from tracemill.store.tables import ModelRow, ReviewQueueRow, ToolCallRow, utcnow
+from tracemill.store.tables import ModelRow, ReviewQueueRow, SpanRow, ToolCallRow, utcnow
 from tracemill.ui import decide, deploy, users
 from tracemill.ui.access import Identity, NotAllowed, Role
 
@@ -284,6 +284,33 @@ def test_a_span_whose_messages_came_as_log_events_shows_them(tmp_path: Path, mon
         assert [t.label for t in at.tabs][2] == "Events (2)"
         assert "gen_ai.user.message** · log event" in _texts(at)
         assert any("Weather in Oslo tonight?" in json.dumps(j.value) for j in at.json)
+    finally:
+        get_settings.cache_clear()
+
+
+def test_a_long_conversation_stored_in_parts_reads_page_by_page(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"sqlite:///{tmp_path / 'parts.db'}"
+    trace, span = "ef" * 16, "01" * 8
+    messages = [{"role": ("user", "tool")[k % 2], "content": f"turn {k}: " + "ipsum " * 400} for k in range(6)]
+    conversation = json.dumps(messages)
+    attributes = {**chat_attributes([{"id": "call_a1b2c3d4e5", "name": "get_weather", "arguments": {"city": "Oslo"}}]),
+                  "gen_ai.input.messages": conversation}
+    _collected(url, tmp_path, [("traces", export_request([make_span(trace, span, "chat", attributes)]))])
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        stored = conn.execute(select(SpanRow.attributes)).scalar_one()["gen_ai.input.messages"]
+    engine.dispose()
+    assert len(stored["$parts"]) > 2, "the conversation was stored in parts"
+    try:
+        at = _app_on(url, "rita", Role.REVIEWER, monkeypatch)
+        at.query_params["trace"] = trace
+        at.switch_page("pages/traces.py").run()
+        assert not at.exception, at.exception
+        assert conversation[:4000] in [c.value for c in at.code]
+        at.number_input(key=f"pg_{span}_gen_ai.input.messages").set_value(3).run()
+        assert not at.exception, at.exception
+        assert conversation[8000:12000] in [c.value for c in at.code], "a page that spans two parts"
     finally:
         get_settings.cache_clear()
 
