@@ -47,6 +47,12 @@ def _calls(*calls: tuple[str, dict[str, Any]]) -> list[AIMessage]:
     return [*script, AIMessage(content="done")]
 
 
+def _evil_conversation(stolen: Path) -> str:
+    """The injection said three times over an agent's turns: long enough to be stored in parts."""
+    return json.dumps([{"role": role, "parts": [{"type": "text", "content": INJECTION.format(stolen=stolen)}]}
+                       for role in ("user", "tool", "user")])
+
+
 def _store(db_url: str, stolen: Path):  # type: ignore[no-untyped-def]
     engine = make_engine(db_url)
     upgrade(engine)
@@ -54,8 +60,7 @@ def _store(db_url: str, stolen: Path):  # type: ignore[no-untyped-def]
     tool = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "get_weather", "gen_ai.tool.call.id": "w1",
             "error.type": "upstream_error"}
     evil = chat_attributes([{"id": "e1", "name": "get_weather", "arguments": {"city": "Rome"}}])
-    evil["gen_ai.input.messages"] = json.dumps([{"role": "user", "parts": [
-        {"type": "text", "content": INJECTION.format(stolen=stolen)}]}])
+    evil["gen_ai.input.messages"] = _evil_conversation(stolen)
     spans = [make_span(TRACE, CHAT, "chat", chat), make_span(TRACE, TOOL, "execute_tool", tool, status_code=2),
              make_span(EVIL_TRACE, EVIL_CHAT, "chat", evil)]
     writer = SpanWriter(engine.dialect)
@@ -80,6 +85,8 @@ def test_an_injection_in_a_trace_changes_nothing(db_url: str, tmp_path: Path) ->
         ("search_spans", {"text": "ignore your instructions"}),
         ("read_span", {"trace_id": EVIL_TRACE, "span_id": EVIL_CHAT, "attribute": "gen_ai.input.messages",
                        "limit": 300}),
+        ("read_span", {"trace_id": EVIL_TRACE, "span_id": EVIL_CHAT, "attribute": "gen_ai.input.messages",
+                       "offset": 2800, "limit": 3000}),
         ("sql", {"query": "DROP TABLE tool_calls"}),
         ("sql", {"query": "SELECT 1; DELETE FROM spans"}),
         ("sql", {"query": "WITH x AS (DELETE FROM tool_calls RETURNING id) SELECT count(*) FROM x"}),
@@ -93,9 +100,10 @@ def test_an_injection_in_a_trace_changes_nothing(db_url: str, tmp_path: Path) ->
     answers = [t["answer"] for t in run.transcript]
     found = json.loads(answers[0])
     assert [(s["trace_id"], s["span_id"]) for s in found] == [(EVIL_TRACE, EVIL_CHAT)]
-    page = json.loads(answers[1])
+    page, later = json.loads(answers[1]), json.loads(answers[2])
     assert page["chars"] > 2000 and len(page["value"]) == 300 and page["next_offset"] == 300
-    assert all(a.startswith("refused:") for a in answers[2:]), answers[2:]
+    assert later["value"] == _evil_conversation(stolen)[2800:5800], "a page across the parts it was stored in"
+    assert all(a.startswith("refused:") for a in answers[3:]), answers[3:]
     assert len(run.refused) == 8 and run.recorded == [] and run.answer == "done"
     assert _snapshot(engine) == before
     assert not stolen.exists()
