@@ -41,8 +41,30 @@ def _messages(value: Any) -> list[Any] | None:
         decoded = decoded["messages"]
     if not isinstance(decoded, list):
         return None
-    return [m if type(m) is dict else json_attribute(m) if isinstance(m, str) else m  # a dict, nearly always
+    if decoded and all(isinstance(m, list) for m in decoded):  # LangChain's chat model inputs: a list per prompt
+        decoded = decoded[0]
+    return [_langchain_as_chat(m if type(m) is dict else json_attribute(m) if isinstance(m, str) else m)
             for m in decoded if type(m) is dict or isinstance(m, (Mapping, str))]
+
+
+# LangChain's message types, as the roles of the chat messages a served model is sent (the reviser's prompt names them)
+_LANGCHAIN_ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool", "function": "tool"}
+
+
+def _langchain_as_chat(message: Any) -> Any:
+    """A LangChain message, serialized (`{"lc": 1, "id": [..., "HumanMessage"], "kwargs": {...}}`, as LangSmith sends a
+    chat model's inputs) or as its dict (`{"type": "human", "content": ...}`), as a chat message with a role; any
+    other message as it is."""
+    if not isinstance(message, Mapping):
+        return message
+    if message.get("lc") == 1 and isinstance(message.get("kwargs"), Mapping):
+        path = message.get("id")
+        kind = str(path[-1]).removesuffix("Chunk").removesuffix("Message").lower() if isinstance(path, list) else ""
+        message = {"type": kind, **message["kwargs"]}
+    role = _LANGCHAIN_ROLES.get(str(message.get("type")))
+    if role is None or "role" in message:
+        return message
+    return {"role": role, **message}
 
 
 GENAI_MESSAGES = CONVERSATIONS[0]

@@ -351,6 +351,40 @@ def test_langchain_agent_through_langsmith_otel_export(start_collector, sqlite_u
     _assert_langchain_rows(rows)
 
 
+def _mined_prompts(db_url: str, folder: Path) -> list[list[dict[str, str]]]:
+    from tracemill.miner.export import MineOptions, mine
+
+    engine = make_engine(db_url)
+    try:
+        result = mine(engine, folder, MineOptions(eval_share=0.0, valid_share=1.0))
+    finally:
+        engine.dispose()
+    rows = [json.loads(line) for line in (result.path / "train.jsonl").read_text().splitlines()]
+    return [r["prompt"] for r in sorted(rows, key=lambda r: r["call_id"])]
+
+
+def test_a_langchain_agent_s_training_prompts_are_the_same_through_langsmith_and_the_handler(
+        start_collector, tmp_path: Path) -> None:
+    """LangSmith sends a chat model's conversation as LangChain's serialized messages, batched; Tracemill's handler as
+    GenAI's messages. The miner reads both into the same reviser prompts: the user's request and the turns it
+    answered, as a served model would be sent them."""
+    prompts = []
+    for name, env in (("handler", {"TRACEMILL_HANDLER": "1"}),
+                      ("langsmith", {"LANGSMITH_TRACING": "true", "LANGSMITH_TRACING_MODE": "otel"})):
+        db_url = f"sqlite:///{tmp_path / name}.db"
+        collector = start_collector(db_url)
+        (tmp_path / name).mkdir()
+        run_agent(LANGCHAIN_AGENT, tmp_path / name, COLLECTOR=collector.url, OTEL_EXPORTER_OTLP_ENDPOINT=collector.url,
+                  **env)
+        stored(db_url, lambda rs: len(rs) >= 3 and rs[0].execution_status is not None)
+        prompts.append(_mined_prompts(db_url, tmp_path / name / "export"))
+    handler, langsmith = prompts
+    assert len(langsmith) == 3 and langsmith == handler
+    last = langsmith[-1][-1]["content"]
+    assert "user: Weather in Paris?" in last and "You answer weather questions" not in last
+    assert "tool: Error: get_wether is not a valid tool" in last
+
+
 # --- MCP ------------------------------------------------------------------------------------------------------------
 
 MCP_SERVER = """
