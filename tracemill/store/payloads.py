@@ -23,9 +23,11 @@ REF_KEY = "$payload"
 PARTS_KEY = "$parts"
 # the attributes that hold a model call's whole conversation as JSON (OpenTelemetry GenAI, LangSmith, OpenInference)
 CONVERSATIONS = ("gen_ai.input.messages", "gen_ai.prompt", "input.value")
-# where a message begins in a conversation written as JSON (GenAI's and OpenAI's message objects, role first), with
-# the comma before it: parts are cut there, and before the bracket that closes the conversation
-MESSAGE_START = re.compile(r',\s*\{\s*"role"')
+# where one JSON object ends and the next begins, as messages do in a conversation whatever their keys (GenAI's and
+# OpenAI's role first, LangChain's serialized `{"lc": 1, ...}`): parts are cut after the first's brace, the comma going
+# with the next; and after the last message, before the brackets that close the conversation (`_closing`)
+OBJECT_BOUNDARY = re.compile(r'\}\s*,\s*\{')
+OBJECT_BEFORE_BRACKET = re.compile(r'\}(?=\s*\])')
 
 K = TypeVar("K")
 
@@ -35,23 +37,30 @@ def digest(text: str) -> str:
 
 
 def split_parts(text: str) -> list[str]:
-    """`text` cut before each message that begins `PAYLOAD_MIN_CHARS` or more after the last cut (where it has
-    `PARTS_MIN_CHARS`), the comma before a message going with it, and before the bracket that closes the whole. Where
-    a cut falls depends only on the text before it, so a conversation and the same conversation a few messages later
+    """`text` cut before each object (a message) that begins `PAYLOAD_MIN_CHARS` or more after the last cut (where it
+    has `PARTS_MIN_CHARS`), the comma before it going with it, and before the brackets that close the whole. Where a
+    cut falls depends only on the text before it, so a conversation and the same conversation a few messages later
     are cut alike: they share every part but the last messages, and a message long enough to be a part of its own is
     stored once however many later calls resend it."""
     if len(text) < PARTS_MIN_CHARS:
         return [text]
     parts, last = [], 0
-    while (found := MESSAGE_START.search(text, last + PAYLOAD_MIN_CHARS)) is not None:
-        parts.append(text[last:found.start()])
-        last = found.start()
-    closing = text.rfind("]")
-    if parts and closing > last and not text[closing + 1:].strip():
+    while (found := OBJECT_BOUNDARY.search(text, last + PAYLOAD_MIN_CHARS - 1)) is not None:
+        parts.append(text[last:found.start() + 1])
+        last = found.start() + 1
+    if parts and (closing := _closing(text, last)) is not None:
         parts.append(text[last:closing])
         last = closing
     parts.append(text[last:])
     return parts
+
+
+def _closing(text: str, last: int) -> int | None:
+    """Where the brackets that close a conversation begin, after `last`: in the run of closing brackets and braces
+    that ends the text, after the last brace that a bracket follows (the last message's: `}]` of GenAI's list,
+    `}]]}` of LangSmith's `{"messages": [[...]]}`)."""
+    ends = [m.end() for m in OBJECT_BEFORE_BRACKET.finditer(text, max(last + 1, len(text.rstrip("]} \t\r\n"))))]
+    return ends[-1] if ends else None
 
 
 def reference(text: str) -> tuple[str, dict[str, Any]]:
