@@ -9,7 +9,8 @@ from tracemill.store.cli import database_option, open_store, read_store, resolve
 
 @click.command()
 @click.option("--host", default=None, help="Interface to listen on (default 127.0.0.1).")
-@click.option("--port", type=int, default=None, help="Port (default 4318, OTLP/HTTP's).")
+@click.option("--port", type=click.IntRange(0, 65535), default=None,
+              help="Port (default 4318, OTLP/HTTP's; 0: one the system picks, logged at start).")
 @click.option("--grpc-port", type=click.IntRange(0, 65535), default=None,
               help="OTLP/gRPC port (default 4317, OTLP/gRPC's; 0: no gRPC receiver).")
 @database_option
@@ -36,7 +37,7 @@ def collector(host: str | None, port: int | None, grpc_port: int | None, db_url:
     if grpc_port:
         _check_free(host or settings.collector_host, grpc_port)
     uvicorn.run(app_from_settings(url, workers, grpc_port, host), host=host or settings.collector_host,
-                port=port or settings.collector_port, log_level=log_level, access_log=False,
+                port=settings.collector_port if port is None else port, log_level=log_level, access_log=False,
                 timeout_graceful_shutdown=30)
 
 

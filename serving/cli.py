@@ -35,7 +35,8 @@ def _store(db_url: str | None, write: bool):  # type: ignore[no-untyped-def]
 @click.option("--upstream", required=True, metavar="BASE_URL",
               help="The model server's OpenAI base URL, as an OpenAI client takes it (http://127.0.0.1:8001/v1).")
 @click.option("--host", default=None, help="Interface to listen on (default 127.0.0.1; 0.0.0.0 for every one).")
-@click.option("--port", type=int, default=None, help="Port (default 8000).")
+@click.option("--port", type=click.IntRange(0, 65535), default=None,
+              help="Port (default 8000; 0: one the system picks, logged at start).")
 @click.option("--reviser", "spec", default="rules", show_default=True,
               help="What revises until a deployment says otherwise: rules | endpoint:URL | model:PATH | none.")
 @database_option
@@ -84,8 +85,8 @@ def serve(upstream: str, host: str | None, port: int | None, spec: str, db_url: 
         raise click.UsageError(str(exc)) from None
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--upstream") from None
-    uvicorn.run(app, host=host or settings.serve_host, port=port or settings.serve_port, log_level=log_level,
-                access_log=False, timeout_graceful_shutdown=10)
+    uvicorn.run(app, host=host or settings.serve_host, port=settings.serve_port if port is None else port,
+                log_level=log_level, access_log=False, timeout_graceful_shutdown=10)
 
 
 @click.command()
