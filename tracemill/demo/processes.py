@@ -5,6 +5,7 @@ error shows the end of."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +14,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import httpx
+
+_LISTENING = re.compile(r"running on (http://[\w.]+:\d+)")  # uvicorn's line, with the port it was given
 
 
 class DemoError(RuntimeError):
@@ -56,15 +59,26 @@ class Processes:
                             f"{self.logs / (name + '.log')}:\n{self.tail(name)}")
         return (self.logs / f"{name}.log").read_text(errors="replace")
 
-    def wait_healthy(self, name: str, url: str, timeout: float = 60.0) -> None:
-        proc = next(p for n, p in self.running if n == name)
+    def serve(self, name: str, *args: str, timeout: float = 60.0) -> str:
+        """`tracemill ARGS... --port 0` in the background, on a port the system picks (no other process can take it
+        between choosing and listening); its address once it answers."""
+        log = self.logs / f"{name}.log"
+        logged = log.stat().st_size if log.exists() else 0
+        proc = self.start(name, *args, "--port", "0", "--log-level", "info")
         deadline = time.monotonic() + timeout
+        while (said := _LISTENING.search(log.read_bytes()[logged:].decode(errors="replace"))) is None:
+            if proc.poll() is not None:
+                raise DemoError(f"`tracemill {name}` exited with status {proc.returncode}:\n{self.tail(name)}")
+            if time.monotonic() > deadline:
+                raise DemoError(f"`tracemill {name}` did not listen within {timeout:.0f} s:\n{self.tail(name)}")
+            time.sleep(0.1)
+        url = said[1]
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise DemoError(f"`tracemill {name}` exited with status {proc.returncode}:\n{self.tail(name)}")
             try:
                 if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    return
+                    return url
             except httpx.TransportError:
                 pass
             time.sleep(0.2)

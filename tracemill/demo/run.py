@@ -15,7 +15,7 @@ import httpx
 from tracemill.console import print_rule, print_table
 from tracemill.demo.phases import AGENT_SERVICE, Phase, measure, table
 from tracemill.demo.processes import DemoError, Processes
-from tracemill.net import ServerThread, free_port
+from tracemill.net import ServerThread
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -56,18 +56,12 @@ class Demo:
                            "stops it cleanly.")
         with self.step("1. the collector, a weak model server and the reviser sidecar in front of it"):
             self.processes.start("tiny-model", "tiny-model", "--out", str(self.folder / "tiny"))
-            collector = f"http://127.0.0.1:{free_port()}"
-            self.processes.start("collector", "collector", "--port", collector.rsplit(":", 1)[1], "--grpc-port", "0",
-                                 "--db", self.db,
-                                 "--workers", "1", "--log-level", "warning")
-            self.processes.wait_healthy("collector", collector)
+            collector = self.processes.serve("collector", "collector", "--grpc-port", "0", "--db", self.db,
+                                             "--workers", "1")
             weak = WeakModel(s.profile, s.harness_version, s.seed)
             self._model_server = ServerThread(weak.app()).start()
-            sidecar = f"http://127.0.0.1:{free_port()}"
-            self.processes.start("serve", "serve", "--upstream", self._model_server.url + "/v1", "--port",
-                                 sidecar.rsplit(":", 1)[1], "--db", self.db, "--collector", collector,
-                                 "--log-level", "warning")
-            self.processes.wait_healthy("serve", sidecar)
+            sidecar = self.processes.serve("serve", "serve", "--upstream", self._model_server.url + "/v1",
+                                           "--db", self.db, "--collector", collector)
             import tracemill.sdk as tm
 
             tm.init(collector, service_name=AGENT_SERVICE, harness_version=s.harness_version)
