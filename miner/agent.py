@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 import orjson
-from sqlalchemy import Engine, Text, cast, func, or_, select
+from sqlalchemy import Engine, Text, cast, or_, select
 
 from tracemill.miner.failures import failure_report
 from tracemill.miner.findings import Finding, expire, finding_key, record
@@ -56,18 +56,32 @@ class AgentRun:
     transcript: list[dict[str, str]] = field(default_factory=list)  # each tool call: its tool and what it answered
 
 
-def _search(reader: ReadOnlyStore, needle: str, limit: int) -> list[dict[str, str]]:
-    needle = needle.lower()
-    with reader.connection() as conn:
-        digests = list(conn.execute(select(PayloadRow.digest).where(
-            func.lower(PayloadRow.body).contains(needle, autoescape=True)).limit(limit)).scalars())
-        attributes = func.lower(cast(SpanRow.attributes, Text))
-        hit = attributes.contains(needle, autoescape=True)
-        if digests:
-            hit = or_(hit, *(attributes.contains(d, autoescape=True) for d in digests))
-        rows = conn.execute(select(SpanRow.trace_id, SpanRow.span_id, SpanRow.name).where(hit)
-                            .order_by(SpanRow.id).limit(limit)).all()
-    return [{"trace_id": r.trace_id, "span_id": r.span_id, "name": r.name} for r in rows]
+def _search(reader: ReadOnlyStore, needle: str, limit: int) -> dict[str, Any]:
+    """The newest spans whose content holds `needle`. A store of millions of spans is more than a scan can read within
+    the reader's time limit: the spans found by then are given, and `complete` says whether every span was read."""
+    payloads: list[Any] = []
+    complete = reader.stream(select(PayloadRow.digest).where(_holds(reader, PayloadRow.body, needle))
+                             .limit(limit), payloads)
+    attributes = cast(SpanRow.attributes, Text)
+    hit = or_(_holds(reader, attributes, needle), *(attributes.contains(p.digest, autoescape=True) for p in payloads))
+    spans: list[Any] = []
+    complete = reader.stream(select(SpanRow.trace_id, SpanRow.span_id, SpanRow.name).where(hit)
+                             .order_by(SpanRow.id.desc()).limit(limit), spans) and complete
+    found: dict[str, Any] = {"spans": [{"trace_id": r.trace_id, "span_id": r.span_id, "name": r.name} for r in spans],
+                             "complete": complete}
+    if not complete:
+        found["note"] = (f"the search reached its {reader.limits.seconds:g} s limit before it read the whole store: "
+                         "these are the newest matches it found by then; narrow it with the sql tool (a time range, "
+                         "a model, a tool name)")
+    return found
+
+
+def _holds(reader: ReadOnlyStore, text: Any, needle: str) -> Any:
+    """`text` contains `needle`, case-insensitively: SQLite's LIKE is already (for ASCII letters, as its lower() is:
+    lowering the whole text first took twice as long); PostgreSQL's ILIKE."""
+    if reader.dialect == "sqlite":
+        return text.contains(needle, autoescape=True)
+    return text.icontains(needle, autoescape=True)
 
 
 def _shown(attributes: dict[str, Any], chars: int = 200) -> dict[str, Any]:
@@ -103,7 +117,8 @@ def make_tools(reader: ReadOnlyStore, writer: Engine, run: AgentRun) -> list[Any
 
     @tool
     def search_spans(text: str, limit: int = 20) -> str:
-        """Spans whose content (attributes, including large stored values) contains `text`, case-insensitively."""
+        """The newest spans whose content (attributes, including large stored values) contains `text`,
+        case-insensitively; `complete` false when the time limit stopped the search first."""
         return _text(_search(reader, text, max(1, min(limit, 100))))
 
     @tool

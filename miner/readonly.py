@@ -26,6 +26,7 @@ from typing import Any
 import sqlglot
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 
 READER_ROLE = "tracemill_reader"
 READABLE_TABLES = ("spans", "payloads", "toolsets", "tool_calls", "tool_executions", "datasets", "reviews",
@@ -200,6 +201,18 @@ class ReadOnlyStore:
                     raw.deadline = float("inf")
                 conn.rollback()
 
+    def stream(self, statement: Any, rows: list[Any]) -> bool:
+        """Runs `statement` on a connection with the deadline, appending its rows to `rows` as the database finds
+        them; whether it ran to its end (False: the deadline stopped it, the rows found by then are kept)."""
+        with self.connection() as conn:
+            try:
+                rows.extend(conn.execution_options(yield_per=1).execute(statement))
+            except DBAPIError as exc:
+                if not _past_deadline(exc.orig):
+                    raise
+                return False
+        return True
+
     def query(self, sql: str) -> tuple[list[str], list[list[Any]], bool]:
         """(columns, rows, truncated) of one checked SELECT."""
         check_select(sql, self.dialect)
@@ -208,6 +221,13 @@ class ReadOnlyStore:
             columns = list(result.keys())
             rows = [[_cell(v, self.limits.cell_chars) for v in row] for row in result.fetchmany(self.limits.rows + 1)]
         return columns, rows[: self.limits.rows], len(rows) > self.limits.rows
+
+
+def _past_deadline(error: BaseException | None) -> bool:
+    """Whether a database error is the deadline's: SQLite's progress handler interrupting, PostgreSQL cancelling."""
+    if isinstance(error, sqlite3.OperationalError):
+        return str(error) == "interrupted"
+    return type(error).__name__ == "QueryCanceled"  # psycopg's, by either the statement timeout or the timer
 
 
 def _cell(value: Any, chars: int) -> Any:

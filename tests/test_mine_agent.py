@@ -15,12 +15,13 @@ from typing import Any, ClassVar
 from click.testing import CliRunner
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 
 from tracemill.cli import main
 from tracemill.collector.decode import Limits, decode_protobuf
 from tracemill.collector.persist import SpanWriter
 from tracemill.miner.agent import run_agent
+from tracemill.miner.readonly import Limits as ReaderLimits
 from tracemill.miner.readonly import open_reader
 from tracemill.store.engine import make_engine
 from tracemill.store.migrate import upgrade
@@ -99,7 +100,7 @@ def test_an_injection_in_a_trace_changes_nothing(db_url: str, tmp_path: Path) ->
     run = run_agent(model, open_reader(engine), engine)
     answers = [t["answer"] for t in run.transcript]
     found = json.loads(answers[0])
-    assert [(s["trace_id"], s["span_id"]) for s in found] == [(EVIL_TRACE, EVIL_CHAT)]
+    assert [(s["trace_id"], s["span_id"]) for s in found["spans"]] == [(EVIL_TRACE, EVIL_CHAT)] and found["complete"]
     page, later = json.loads(answers[1]), json.loads(answers[2])
     assert page["chars"] > 2000 and len(page["value"]) == 300 and page["next_offset"] == 300
     assert later["value"] == _evil_conversation(stolen)[2800:5800], "a page across the parts it was stored in"
@@ -107,6 +108,45 @@ def test_an_injection_in_a_trace_changes_nothing(db_url: str, tmp_path: Path) ->
     assert len(run.refused) == 8 and run.recorded == [] and run.answer == "done"
     assert _snapshot(engine) == before
     assert not stolen.exists()
+
+
+_FILLER = {  # older spans of a kilobyte each: more than a scan reads within a few milliseconds
+    "sqlite": "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < :count) "
+              "INSERT INTO spans (trace_id, span_id, name, kind, start_time_ns, end_time_ns, status_code, "
+              "status_message, scope_name, attributes, resource, events, links, received_at) "
+              "SELECT printf('%032x', i), printf('%016x', i), 'filler', 0, i, i, 0, '', 's', "
+              "json_object('text', hex(zeroblob(500))), '{}', '[]', '[]', '2026-01-01' FROM n",
+    "postgresql": "INSERT INTO spans (trace_id, span_id, name, kind, start_time_ns, end_time_ns, status_code, "
+                  "status_message, scope_name, attributes, resource, events, links, received_at) "
+                  "SELECT lpad(to_hex(i), 32, '0'), lpad(to_hex(i), 16, '0'), 'filler', 0, i, i, 0, '', 's', "
+                  "json_build_object('text', repeat('0', 1000)), '{}', '[]', '[]', now() "
+                  "FROM generate_series(1, :count) AS i",
+}
+
+
+def test_a_search_past_its_time_limit_answers_with_the_newest_matches_it_found(db_url: str, tmp_path: Path) -> None:
+    """A store of millions of spans is more than a text search reads within the reader's time limit: the agent is
+    told which spans it found by then, newest first, and that the search did not read everything; its run goes on."""
+    engine = make_engine(db_url)
+    upgrade(engine)
+    with engine.begin() as conn:
+        conn.execute(text(_FILLER[engine.dialect.name]), {"count": 200_000})
+    newest = [make_span("c" * 32, f"{k + 1:016x}", "chat", {"note": f"the Needle {k}"}, start_ns=10**18 + k)
+              for k in range(3)]
+    writer = SpanWriter(engine.dialect)
+    with engine.begin() as conn:
+        writer.write(conn, writer.prepare(decode_protobuf(export_request(newest), Limits(1 << 22)).spans))
+
+    answers = []
+    for seconds in (0.01, 30.0):
+        model = Scripted(messages=iter(_calls(("search_spans", {"text": "the needle", "limit": 10}))))
+        run = run_agent(model, open_reader(engine, limits=ReaderLimits(seconds=seconds)), engine)
+        assert run.answer == "done"
+        answers.append(json.loads(run.transcript[0]["answer"]))
+    cut_short, whole = answers
+    assert [s["span_id"] for s in whole["spans"]] == [f"{k:016x}" for k in (3, 2, 1)] and whole["complete"]
+    assert cut_short["complete"] is False and "0.01 s limit" in cut_short["note"]
+    assert cut_short["spans"] == whole["spans"][:len(cut_short["spans"])], "what it found by then, newest first"
 
 
 def test_findings_are_merged_by_key_and_expire(db_url: str, tmp_path: Path) -> None:
