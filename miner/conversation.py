@@ -1,5 +1,6 @@
 """The conversation a model call answered, read from its stored span: OpenTelemetry GenAI `gen_ai.input.messages`,
-OpenInference's flattened `llm.input_messages.N.message.*`, or LangSmith's `gen_ai.prompt`; or, where the
+OpenInference's `input.value` or flattened `llm.input_messages.N.message.*`, LangSmith's `gen_ai.prompt`, a Langfuse or
+OpenLLMetry generation's entity input; or, where the
 instrumentation sent the messages as log events (OpenTelemetry's openai-v2), from the span's stored events. Messages
 are returned as stored (GenAI `parts`, OpenAI `content`); `tracemill.reviser_prompt.message_text` reads every one of
 these shapes."""

@@ -26,8 +26,10 @@ import pytest
 from scripted_model import Reply, ScriptedModel
 from sqlalchemy import select
 
+from tracemill.miner.export import MineOptions, mine
 from tracemill.net import ServerThread
 from tracemill.store.engine import make_engine
+from tracemill.store.queries import CallFilter
 from tracemill.store.tables import ToolCallRow, ToolsetRow
 
 from support import CollectorProcess
@@ -478,6 +480,7 @@ def assert_stored_once(agents: Agents, library: str, executed: dict[str, str]) -
     assert ran == executed
     text = next(r for r in rows if r.tool_call_id is None)
     assert text.raw == TEXT_CALL and text.arguments == {"city": "Lyon", "days": 2}
+    assert_mined_with_their_turns(agents, library, rows)
 
     figures = agents.stats(library)
     verdicts = list(EXPECTED.values())
@@ -486,6 +489,24 @@ def assert_stored_once(agents: Agents, library: str, executed: dict[str, str]) -
                                                     sum(v[2] is not None for v in verdicts))
     assert figures["input_schema_compliance"] == _rate(sum(v[2] is True and v[3] is True for v in verdicts),
                                                        sum(v[2] is True for v in verdicts))
+
+
+def assert_mined_with_their_turns(agents: Agents, library: str, rows: list[ToolCallRow]) -> None:
+    """`tracemill mine` reads each call's conversation from what this instrumentation recorded: every row's prompt
+    holds the user's turn that the call answered."""
+    turns = {call["id"]: turn for turn, reply in replies_for(library).items() for call in reply.tool_calls or ()}
+    turn_of = {r.id: turns.get(r.tool_call_id or "", "Forecast for Lyon?") for r in rows}  # the text call: no id
+    engine = make_engine(agents.db_url)
+    try:
+        export = mine(engine, agents.workdir / f"export-{library}",
+                      MineOptions(where=CallFilter(model=library), eval_share=0.0, valid_share=1.0))
+    finally:
+        engine.dispose()
+    mined = [json.loads(line) for line in (export.path / "train.jsonl").read_text().splitlines()]
+    assert len(mined) == len(rows)
+    missing = [(r["call_id"], turn_of[r["call_id"]]) for r in mined
+               if f"user: {turn_of[r['call_id']]}" not in r["prompt"][-1]["content"]]
+    assert not missing, f"rows whose prompt lacks the turn their call answered: {missing}"
 
 
 def test_two_instrumentations_of_one_call_store_it_once(agents: Agents) -> None:

@@ -21,8 +21,10 @@ PAYLOAD_MIN_CHARS = 1024
 PARTS_MIN_CHARS = 4 * PAYLOAD_MIN_CHARS  # a shorter value is stored whole: a few KB a model call at most
 REF_KEY = "$payload"
 PARTS_KEY = "$parts"
-# the attributes that hold a model call's whole conversation as JSON (OpenTelemetry GenAI, LangSmith, OpenInference)
-CONVERSATIONS = ("gen_ai.input.messages", "gen_ai.prompt", "input.value")
+# the attributes that hold a model call's whole conversation as JSON (OpenTelemetry GenAI, LangSmith, OpenInference,
+# and a generation's input in Langfuse's and OpenLLMetry's entity attributes)
+CONVERSATIONS = ("gen_ai.input.messages", "gen_ai.prompt", "input.value", "langfuse.observation.input",
+                 "traceloop.entity.input")
 # where one JSON object ends and the next begins, as messages do in a conversation whatever their keys (GenAI's and
 # OpenAI's role first, LangChain's serialized `{"lc": 1, ...}`): parts are cut after the first's brace, the comma going
 # with the next; and after the last message, before the brackets that close the conversation (`_closing`)
