@@ -1,9 +1,8 @@
 """The conversation a model call answered, read from its stored span: OpenTelemetry GenAI `gen_ai.input.messages`,
 OpenInference's `input.value` or flattened `llm.input_messages.N.message.*`, LangSmith's `gen_ai.prompt`, a Langfuse or
-OpenLLMetry generation's entity input; or, where the
-instrumentation sent the messages as log events (OpenTelemetry's openai-v2), from the span's stored events. Messages
-are returned as stored (GenAI `parts`, OpenAI `content`); `tracemill.reviser_prompt.message_text` reads every one of
-these shapes."""
+OpenLLMetry generation's entity input; or, where the instrumentation sent the messages as log events (OpenTelemetry's
+openai-v2), from the span's stored events. Messages are returned as stored (GenAI `parts`, OpenAI `content`; LangChain's
+as chat messages); `tracemill.reviser_prompt.message_text` reads every one of these shapes."""
 
 from __future__ import annotations
 
