@@ -70,6 +70,8 @@ FORMS = {
         [{"role": m["role"], "parts": [{"type": "text", "content": m["content"]}]} for m in messages])),
     "langsmith": ("gen_ai.prompt", lambda messages: json.dumps(
         {"messages": [[_langchain(m) for m in messages]]}, separators=(",", ":"))),
+    "langfuse": ("langfuse.observation.input", lambda messages: json.dumps(
+        {"tools": WEATHER_TOOLS, "messages": messages})),  # a generation's input: the request's arguments
 }
 
 
