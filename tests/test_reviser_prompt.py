@@ -3,6 +3,7 @@
 The ranking is checked against a plain statement of it (below, `_ranked_plainly`): the caches, bounds and memos that
 make `build_prompt` cheap must never change which tools a model is shown."""
 
+import base64
 import itertools
 import json
 import random
@@ -163,3 +164,17 @@ def test_a_prompt_shows_the_turns_kept_and_ranks_tools_by_the_user_s_last_reques
     assert ("<conversation>\n" + "\n".join(kept) + "\n</conversation>" in user) == bool(kept)
     requests = [text for role, text in turns if role == "user"]
     assert prompt.tools == tuple(nearest_tools("Sure, here you go.", index, requests[-1] if requests else "", 2))
+
+
+def test_an_image_in_the_conversation_is_shown_as_its_kind_never_as_its_bytes():
+    """A vision agent resends its screenshots with every turn: their base64 would fill the prompt's budget with noise
+    that no reviser can read. Each convention's media part shows as what it is."""
+    data = base64.b64encode(random.Random(0).randbytes(150_000)).decode()
+    media = [{"type": "blob", "modality": "image", "mime_type": "image/png", "content": data},  # GenAI
+             {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}},  # OpenAI
+             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}]  # Anthropic
+    for part in media:
+        context = [{"role": "user", "content": [{"type": "text", "text": "Which tool opens this chart?"}, part]},
+                   {"role": "tool", "parts": [part]}]
+        turns = conversation(context, 2000)
+        assert turns == ["user: Which tool opens this chart? [image]", "tool: [image]"], part["type"]

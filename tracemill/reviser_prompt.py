@@ -237,7 +237,15 @@ def _part_text(part: Any) -> str:
         return _call_text(part.get("name"), part.get("arguments"))
     if kind == "tool_call_response":
         return _text(part.get("response"))
+    if isinstance(kind, str) and (media := _MEDIA.get(kind)) is not None:
+        return f"[{part.get('modality') or media}]"
     return _text(part.get("text", part.get("content")))
+
+
+# media parts (GenAI's blob, uri and file, with their modality; OpenAI's and Anthropic's): shown as their kind, never
+# as their bytes (a vision agent's screenshots, base64 in every turn)
+_MEDIA = {"blob": "file", "uri": "file", "file": "file", "image_url": "image", "input_image": "image", "image": "image",
+          "input_audio": "audio", "audio": "audio", "input_file": "file", "document": "file"}
 
 
 def _call_text(name: Any, arguments: Any) -> str:
