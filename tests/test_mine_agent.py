@@ -124,9 +124,12 @@ _FILLER = {  # older spans of a kilobyte each: more than a scan reads within a f
 }
 
 
-def test_a_search_past_its_time_limit_answers_with_the_newest_matches_it_found(db_url: str, tmp_path: Path) -> None:
-    """A store of millions of spans is more than a text search reads within the reader's time limit: the agent is
-    told which spans it found by then, newest first, and that the search did not read everything; its run goes on."""
+def test_past_the_time_limit_a_search_gives_what_it_found_and_evidence_is_found_by_its_trace(
+        db_url: str, tmp_path: Path) -> None:
+    """A store of millions of spans is more than a scan reads within the reader's time limit. A text search tells the
+    agent which spans it found by then, newest first, and that it did not read everything; a finding's evidence named
+    as trace_id/span_id is found at once, and a span id alone, which only a scan finds, is refused with how to name
+    it. The agent's run goes on either way."""
     engine = make_engine(db_url)
     upgrade(engine)
     with engine.begin() as conn:
@@ -137,16 +140,23 @@ def test_a_search_past_its_time_limit_answers_with_the_newest_matches_it_found(d
     with engine.begin() as conn:
         writer.write(conn, writer.prepare(decode_protobuf(export_request(newest), Limits(1 << 22)).spans))
 
-    answers = []
+    runs = []
     for seconds in (0.01, 30.0):
-        model = Scripted(messages=iter(_calls(("search_spans", {"text": "the needle", "limit": 10}))))
-        run = run_agent(model, open_reader(engine, limits=ReaderLimits(seconds=seconds)), engine)
-        assert run.answer == "done"
-        answers.append(json.loads(run.transcript[0]["answer"]))
-    cut_short, whole = answers
-    assert [s["span_id"] for s in whole["spans"]] == [f"{k:016x}" for k in (3, 2, 1)] and whole["complete"]
-    assert cut_short["complete"] is False and "0.01 s limit" in cut_short["note"]
-    assert cut_short["spans"] == whole["spans"][:len(cut_short["spans"])], "what it found by then, newest first"
+        model = Scripted(messages=iter(_calls(
+            ("search_spans", {"text": "the needle", "limit": 10}),
+            ("record_finding", {"key": "needles", "hypothesis": "h", "evidence": ["0" * 15 + "3"]}),
+            ("record_finding", {"key": "needles", "hypothesis": "h", "evidence": ["c" * 32 + "/" + "0" * 15 + "3"]}),
+        )))
+        runs.append(run_agent(model, open_reader(engine, limits=ReaderLimits(seconds=seconds)), engine))
+        assert runs[-1].answer == "done"
+    cut_short, whole = ([json.loads(t["answer"]) if i != 1 else t["answer"] for i, t in enumerate(run.transcript)]
+                        for run in runs)
+    assert [s["span_id"] for s in whole[0]["spans"]] == [f"{k:016x}" for k in (3, 2, 1)] and whole[0]["complete"]
+    assert cut_short[0]["complete"] is False and "0.01 s limit" in cut_short[0]["note"]
+    assert cut_short[0]["spans"] == whole[0]["spans"][:len(cut_short[0]["spans"])], "found by then, newest first"
+    assert cut_short[1].startswith("refused:") and "give each span as trace_id/span_id" in cut_short[1]
+    assert cut_short[2]["evidence_kept"] == ["c" * 32 + "/" + "0" * 15 + "3"]
+    assert json.loads(whole[1])["evidence_kept"] == ["0" * 15 + "3"], "given time, a span id alone is found too"
 
 
 def test_findings_are_merged_by_key_and_expire(db_url: str, tmp_path: Path) -> None:
