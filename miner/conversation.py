@@ -1,8 +1,9 @@
 """The conversation a model call answered, read from its stored span: OpenTelemetry GenAI `gen_ai.input.messages`,
-OpenInference's `input.value` or flattened `llm.input_messages.N.message.*`, LangSmith's `gen_ai.prompt`, a Langfuse or
-OpenLLMetry generation's entity input; or, where the instrumentation sent the messages as log events (OpenTelemetry's
-openai-v2), from the span's stored events. Messages are returned as stored (GenAI `parts`, OpenAI `content`; LangChain's
-as chat messages); `tracemill.reviser_prompt.message_text` reads every one of these shapes."""
+OpenInference's `input.value` or flattened `llm.input_messages.N.message.*` (the earlier OpenLLMetry's
+`gen_ai.prompt.N.*` alike, tool calls included), LangSmith's `gen_ai.prompt`, a Langfuse or OpenLLMetry generation's
+entity input; or, where the instrumentation sent the messages as log events (OpenTelemetry's openai-v2), from the
+span's stored events. Messages are returned as stored (GenAI `parts`, OpenAI `content`; LangChain's as chat messages);
+`tracemill.reviser_prompt.message_text` reads every one of these shapes."""
 
 from __future__ import annotations
 
@@ -20,7 +21,11 @@ from tracemill.collector.normalize import json_attribute
 from tracemill.store.payloads import CONVERSATIONS
 from tracemill.store.queries import span
 
-_FLAT = re.compile(r"llm\.input_messages\.(\d+)\.message\.(role|content)$")
+# a conversation flattened into one attribute per value: OpenInference's `llm.input_messages.N.message.*` and the
+# earlier OpenLLMetry's `gen_ai.prompt.N.*`, each message's role, text and tool calls
+_FLAT = re.compile(r"(?:llm\.input_messages\.(\d+)\.message|gen_ai\.prompt\.(\d+))\.(role|content|tool_call_id)$")
+_FLAT_CALL = re.compile(r"(?:llm\.input_messages\.(\d+)\.message\.tool_calls\.(\d+)\.tool_call\.function"
+                        r"|gen_ai\.prompt\.(\d+)\.tool_calls\.(\d+))\.(name|arguments)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +86,7 @@ def genai_conversation(stored: str) -> Conversation:
 
 def is_conversation(key: str) -> bool:
     """Whether a span attribute holds (part of) the conversation `span_messages` reads."""
-    return key in CONVERSATIONS or key.startswith("llm.input_messages.")
+    return key in CONVERSATIONS or key.startswith(("llm.input_messages.", "gen_ai.prompt."))
 
 
 def span_messages(attributes: Mapping[str, Any]) -> list[Any]:
@@ -92,9 +97,16 @@ def span_messages(attributes: Mapping[str, Any]) -> list[Any]:
             if found:
                 return found
     flat: dict[int, dict[str, Any]] = {}
+    calls: dict[tuple[int, int], dict[str, Any]] = {}
     for key, value in attributes.items():
-        if isinstance(key, str) and key.startswith("llm.input_messages.") and (m := _FLAT.match(key)):
-            flat.setdefault(int(m[1]), {})[m[2]] = value
+        if not isinstance(key, str) or not is_conversation(key):
+            continue
+        if m := _FLAT.match(key):
+            flat.setdefault(int(m[1] or m[2]), {})[m[3]] = value
+        elif m := _FLAT_CALL.match(key):
+            calls.setdefault((int(m[1] or m[3]), int(m[2] or m[4])), {})[m[5]] = value
+    for (n, _), call in sorted(calls.items()):
+        flat.setdefault(n, {}).setdefault("tool_calls", []).append(call)
     return [flat[n] for n in sorted(flat)]
 
 

@@ -209,6 +209,43 @@ def test_a_conversation_sent_as_structured_values_exports_the_same_from_sqlite_a
     assert from_postgresql == from_sqlite
 
 
+# one conversation (a request, the assistant's call, the tool's answer) flattened into one attribute per value
+FLATTENED = {
+    "openllmetry": {"gen_ai.prompt.0.role": "user", "gen_ai.prompt.0.content": "Weather in Paris, in celsius?",
+                    "gen_ai.prompt.1.role": "assistant", "gen_ai.prompt.1.tool_calls.0.id": "c0",
+                    "gen_ai.prompt.1.tool_calls.0.name": "get_weather",
+                    "gen_ai.prompt.1.tool_calls.0.arguments": '{"units":"celsius","city":"Paris"}',
+                    "gen_ai.prompt.2.role": "tool", "gen_ai.prompt.2.tool_call_id": "c0",
+                    "gen_ai.prompt.2.content": '{"temp":21,"sky":"clear"}'},
+    "openinference": {"llm.input_messages.0.message.role": "user",
+                      "llm.input_messages.0.message.content": "Weather in Paris, in celsius?",
+                      "llm.input_messages.1.message.role": "assistant",
+                      "llm.input_messages.1.message.tool_calls.0.tool_call.function.name": "get_weather",
+                      "llm.input_messages.1.message.tool_calls.0.tool_call.function.arguments":
+                          '{"units":"celsius","city":"Paris"}',
+                      "llm.input_messages.2.message.role": "tool",
+                      "llm.input_messages.2.message.content": '{"temp":21,"sky":"clear"}'},
+}
+
+
+@pytest.mark.parametrize("convention", FLATTENED)
+def test_a_conversation_flattened_into_attributes_is_mined_with_every_turn(start_collector, sqlite_url: str,
+                                                                          tmp_path: Path, convention: str) -> None:
+    """The earlier OpenLLMetry and OpenInference send a model call's messages one attribute per value: the row's prompt
+    shows the request, the assistant's call and the tool's answer, as from GenAI's messages."""
+    chat = chat_attributes([{"id": "c1", "name": "get_weather", "arguments": {"city": 7}}])  # city must be a string
+    del chat["gen_ai.input.messages"]
+    collector = start_collector(sqlite_url)
+    body = export_request([make_span("ab" * 16, "cd" * 8, "chat", {**chat, **FLATTENED[convention]})])
+    assert httpx.post(f"{collector.url}/v1/traces", content=body,
+                      headers={"Content-Type": "application/x-protobuf"}).status_code == 200
+    _mine(sqlite_url, tmp_path / "ds", "--eval-share", "0")
+    [row] = _rows(tmp_path / "ds")
+    assert ("<conversation>\nuser: Weather in Paris, in celsius?\n"
+            'assistant: get_weather({"units":"celsius","city":"Paris"})\n'
+            'tool: {"temp":21,"sky":"clear"}\n</conversation>') in row["prompt"][1]["content"]
+
+
 def test_since_last_mines_only_what_is_new_and_gold_comes_from_reviews(start_collector, sqlite_url: str,
                                                                        tmp_path: Path) -> None:
     collector = start_collector(sqlite_url)
