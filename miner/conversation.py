@@ -26,6 +26,7 @@ from tracemill.store.queries import span
 _FLAT = re.compile(r"(?:llm\.input_messages\.(\d+)\.message|gen_ai\.prompt\.(\d+))\.(role|content|tool_call_id)$")
 _FLAT_CALL = re.compile(r"(?:llm\.input_messages\.(\d+)\.message\.tool_calls\.(\d+)\.tool_call\.function"
                         r"|gen_ai\.prompt\.(\d+)\.tool_calls\.(\d+))\.(name|arguments)$")
+_FLAT_PART = re.compile(r"llm\.input_messages\.(\d+)\.message\.contents\.(\d+)\.message_content\.(type|text)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +99,7 @@ def span_messages(attributes: Mapping[str, Any]) -> list[Any]:
                 return found
     flat: dict[int, dict[str, Any]] = {}
     calls: dict[tuple[int, int], dict[str, Any]] = {}
+    parts: dict[tuple[int, int], dict[str, Any]] = {}  # a message whose content is a list (text, images)
     for key, value in attributes.items():
         if not isinstance(key, str) or not is_conversation(key):
             continue
@@ -105,9 +107,21 @@ def span_messages(attributes: Mapping[str, Any]) -> list[Any]:
             flat.setdefault(int(m[1] or m[2]), {})[m[3]] = value
         elif m := _FLAT_CALL.match(key):
             calls.setdefault((int(m[1] or m[3]), int(m[2] or m[4])), {})[m[5]] = value
+        elif m := _FLAT_PART.match(key):
+            parts.setdefault((int(m[1]), int(m[2])), {})[m[3]] = value
     for (n, _), call in sorted(calls.items()):
         flat.setdefault(n, {}).setdefault("tool_calls", []).append(call)
+    for (n, _), part in sorted(parts.items()):
+        flat.setdefault(n, {}).setdefault("content", []).append(part)
+    for message in flat.values():
+        content = message.get("content")
+        if isinstance(content, str) and content.startswith("[") and _parts(decoded := json_attribute(content)):
+            message["content"] = decoded  # a list of parts written as JSON text, as OpenLLMetry writes one
     return [flat[n] for n in sorted(flat)]
+
+
+def _parts(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(p, Mapping) and "type" in p for p in value)
 
 
 # the earlier GenAI conventions: one event per input message, its role in the event's name

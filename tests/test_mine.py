@@ -211,14 +211,20 @@ def test_a_conversation_sent_as_structured_values_exports_the_same_from_sqlite_a
 
 # one conversation (a request, the assistant's call, the tool's answer) flattened into one attribute per value
 FLATTENED = {
-    "openllmetry": {"gen_ai.prompt.0.role": "user", "gen_ai.prompt.0.content": "Weather in Paris, in celsius?",
+    "openllmetry": {"gen_ai.prompt.0.role": "user", "gen_ai.prompt.0.content": json.dumps(  # parts, as JSON text
+                        [{"type": "text", "text": "Weather in Paris, in celsius?"},
+                         {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]),
                     "gen_ai.prompt.1.role": "assistant", "gen_ai.prompt.1.tool_calls.0.id": "c0",
                     "gen_ai.prompt.1.tool_calls.0.name": "get_weather",
                     "gen_ai.prompt.1.tool_calls.0.arguments": '{"units":"celsius","city":"Paris"}',
                     "gen_ai.prompt.2.role": "tool", "gen_ai.prompt.2.tool_call_id": "c0",
                     "gen_ai.prompt.2.content": '{"temp":21,"sky":"clear"}'},
-    "openinference": {"llm.input_messages.0.message.role": "user",
-                      "llm.input_messages.0.message.content": "Weather in Paris, in celsius?",
+    "openinference": {"llm.input_messages.0.message.role": "user",  # its text and an image, as a list of parts
+                      "llm.input_messages.0.message.contents.0.message_content.type": "text",
+                      "llm.input_messages.0.message.contents.0.message_content.text": "Weather in Paris, in celsius?",
+                      "llm.input_messages.0.message.contents.1.message_content.type": "image",
+                      "llm.input_messages.0.message.contents.1.message_content.image.image.url": "data:image/png;"
+                                                                                                 "base64,iVBORw0KGgo=",
                       "llm.input_messages.1.message.role": "assistant",
                       "llm.input_messages.1.message.tool_calls.0.tool_call.function.name": "get_weather",
                       "llm.input_messages.1.message.tool_calls.0.tool_call.function.arguments":
@@ -241,7 +247,7 @@ def test_a_conversation_flattened_into_attributes_is_mined_with_every_turn(start
                       headers={"Content-Type": "application/x-protobuf"}).status_code == 200
     _mine(sqlite_url, tmp_path / "ds", "--eval-share", "0")
     [row] = _rows(tmp_path / "ds")
-    assert ("<conversation>\nuser: Weather in Paris, in celsius?\n"
+    assert ("<conversation>\nuser: Weather in Paris, in celsius? [image]\n"
             'assistant: get_weather({"units":"celsius","city":"Paris"})\n'
             'tool: {"temp":21,"sky":"clear"}\n</conversation>') in row["prompt"][1]["content"]
 
