@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-_LISTENING = re.compile(r"running on (http://[\w.]+:\d+)")  # uvicorn's line, with the port it was given
+_LISTENING = re.compile(r"running on (http://[\w.]+:\d+)")  # uvicorn's line, with the port it listens on
 
 
 class DemoError(RuntimeError):
