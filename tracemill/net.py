@@ -1,4 +1,4 @@
-"""Local network helpers for the processes Tracemill starts (the demo's collector, tests, benchmarks)."""
+"""Local network helpers for the processes Tracemill starts (the demo's model server, tests, benchmarks)."""
 
 from __future__ import annotations
 

@@ -66,23 +66,22 @@ class Processes:
         logged = log.stat().st_size if log.exists() else 0
         proc = self.start(name, *args, "--port", "0", "--log-level", "info")
         deadline = time.monotonic() + timeout
-        while (said := _LISTENING.search(log.read_bytes()[logged:].decode(errors="replace"))) is None:
-            if proc.poll() is not None:
-                raise DemoError(f"`tracemill {name}` exited with status {proc.returncode}:\n{self.tail(name)}")
-            if time.monotonic() > deadline:
-                raise DemoError(f"`tracemill {name}` did not listen within {timeout:.0f} s:\n{self.tail(name)}")
-            time.sleep(0.1)
-        url = said[1]
+        url: str | None = None
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise DemoError(f"`tracemill {name}` exited with status {proc.returncode}:\n{self.tail(name)}")
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    return url
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise DemoError(f"`tracemill {name}` did not answer at {url} within {timeout:.0f} s:\n{self.tail(name)}")
+            if url is None:
+                said = _LISTENING.search(log.read_bytes()[logged:].decode(errors="replace"))
+                url = said[1] if said else None
+            else:
+                try:
+                    if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                        return url
+                except httpx.TransportError:
+                    pass
+            time.sleep(0.1)
+        waited = f"answer at {url}" if url else "listen"
+        raise DemoError(f"`tracemill {name}` did not {waited} within {timeout:.0f} s:\n{self.tail(name)}")
 
     def stop(self, name: str) -> None:
         for entry in [e for e in self.running if e[0] == name]:
