@@ -149,13 +149,13 @@ def test_past_the_time_limit_a_search_gives_what_it_found_and_evidence_is_found_
         )))
         runs.append(run_agent(model, open_reader(engine, limits=ReaderLimits(seconds=seconds)), engine))
         assert runs[-1].answer == "done"
-    cut_short, whole = ([json.loads(t["answer"]) if i != 1 else t["answer"] for i, t in enumerate(run.transcript)]
-                        for run in runs)
-    assert [s["span_id"] for s in whole[0]["spans"]] == [f"{k:016x}" for k in (3, 2, 1)] and whole[0]["complete"]
-    assert cut_short[0]["complete"] is False and "0.01 s limit" in cut_short[0]["note"]
-    assert cut_short[0]["spans"] == whole[0]["spans"][:len(cut_short[0]["spans"])], "found by then, newest first"
+    cut_short, whole = ([t["answer"] for t in run.transcript] for run in runs)
+    found, found_all = json.loads(cut_short[0]), json.loads(whole[0])
+    assert [s["span_id"] for s in found_all["spans"]] == [f"{k:016x}" for k in (3, 2, 1)] and found_all["complete"]
+    assert found["complete"] is False and "0.01 s limit" in found["note"]
+    assert found["spans"] == found_all["spans"][:len(found["spans"])], "found by then, newest first"
     assert cut_short[1].startswith("refused:") and "give each span as trace_id/span_id" in cut_short[1]
-    assert cut_short[2]["evidence_kept"] == ["c" * 32 + "/" + "0" * 15 + "3"]
+    assert json.loads(cut_short[2])["evidence_kept"] == ["c" * 32 + "/" + "0" * 15 + "3"]
     assert json.loads(whole[1])["evidence_kept"] == ["0" * 15 + "3"], "given time, a span id alone is found too"
 
 
