@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 from sqlalchemy import Engine, Text, cast, literal, or_, select, tuple_
 
-from tracemill.miner.failures import failure_report
+from tracemill.miner.failures import FailureCounts
 from tracemill.miner.findings import Finding, expire, finding_key, record
 from tracemill.miner.readonly import QueryRefused, ReadOnlyStore
 from tracemill.store.payloads import is_reference, read_payload
@@ -153,13 +153,21 @@ def make_tools(reader: ReadOnlyStore, writer: Engine, run: AgentRun) -> list[Any
         return _text({"chars": total, "offset": offset, "value": page,
                       "next_offset": following if following < total else None})
 
+    counts = FailureCounts()  # kept for the run: a later call counts only what is new, or what the limit left
+
     @tool
     def failure_clusters(limit: int = 15) -> str:
-        """The most frequent failure modes (tool, verifier stage, violation) with counts and shares."""
-        report = failure_report(reader.engine, limit=max(1, min(limit, 50)))
-        return _text({"total_calls": report.total_calls, "failed_calls": report.failed_calls,
-                      "modes": [{"mode": m.label, "count": m.count, "share": round(m.share, 4)}
-                                for m in report.modes]})
+        """The most frequent failure modes (tool, verifier stage, violation) with counts and shares; `complete` false
+        when the time limit stopped the count first (call again: it goes on from there)."""
+        complete = reader.within_limit(counts.update)
+        report = counts.report(limit=max(1, min(limit, 50)))
+        answer: dict[str, Any] = {
+            "total_calls": report.total_calls, "failed_calls": report.failed_calls, "complete": complete,
+            "modes": [{"mode": m.label, "count": m.count, "share": round(m.share, 4)} for m in report.modes]}
+        if not complete:
+            answer["note"] = (f"counting reached its {reader.limits.seconds:g} s limit: these are the oldest "
+                              f"{report.total_calls} calls; call failure_clusters again to count on from there")
+        return _text(answer)
 
     @tool
     def record_finding(key: str, hypothesis: str, evidence: list[str], suggestion: str | None = None,

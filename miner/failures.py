@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from collections.abc import Set as AbstractSet
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -148,8 +149,9 @@ class FailureCounts:
     """Every call `where` selects counted once by (day, model, harness version), and every failed one also by its
     full `FailureKey`: what any `FailureReport` of these calls is made from. `update` reads only what was stored since
     the last update, plus the newest `recount` ids again (a call's execution may be stored after the call, and turn
-    it into an execution failure), in windows of ids, each read in its own short transaction (the calls by day, model
-    and harness version; the failed ones by key): a reader who keeps the counts (the UI) pays for new calls only."""
+    it into an execution failure), in windows of ids, each read in its own short transaction where `update` is given
+    an engine (the calls by day, model and harness version; the failed ones by key): a reader who keeps the counts
+    (the UI, a miner agent's run) pays for new calls only."""
 
     where: CallFilter = field(default_factory=CallFilter)
     settled_id: int = 0  # calls up to this id are in `calls` and `failed` for good
@@ -159,34 +161,36 @@ class FailureCounts:
     recent_failed: Counter[tuple[FailureKey, str, str, str]] = field(default_factory=Counter)
 
     def update(self, source: Engine | Connection, window: int = 100_000, recount: int = 20_000) -> FailureCounts:
-        engine = _engine(source)
-        with engine.connect() as conn:
+        """Counts brought up to the newest call. Given a connection, every window is read on it (in its transaction,
+        under its deadline, if it has one); each window is kept as soon as it is counted, so that counting stopped
+        half-way (a deadline) goes on from there at the next update."""
+        with _connected(source) as conn:
             top = int(conn.execute(select(func.max(C.id))).scalar() or 0)
         low = max(self.settled_id, self.where.after_id or 0)
         settle_to = max(low, top - recount)
-        self._count(engine, low, settle_to, self.calls, self.failed, window)
-        self.settled_id = settle_to
-        self.recent_calls, self.recent_failed = Counter(), Counter()
-        self._count(engine, settle_to, top, self.recent_calls, self.recent_failed, window)
+        self.recent_calls, self.recent_failed = Counter(), Counter()  # some may be settled now: counted anew below
+        while low < settle_to:
+            high = min(low + window, settle_to)
+            self._count(source, low, high, self.calls, self.failed)
+            self.settled_id = low = high
+        for low in range(settle_to, top, window):
+            self._count(source, low, min(low + window, top), self.recent_calls, self.recent_failed)
         return self
 
-    def _count(self, engine: Engine, low: int, top: int, calls: Counter[tuple[str, str, str]],
-               failed: Counter[tuple[FailureKey, str, str, str]], window: int) -> None:
-        conditions = replace(self.where, failed=None, after_id=None).conditions()
-        while low < top:
-            high = min(low + window, top)
-            within = (C.id > low, C.id <= high, *conditions)
-            with engine.connect() as conn:
-                totals = conn.execute(select(*_TOTALS, func.count()).where(*within).group_by(*_TOTALS)).all()
-                rows = conn.execute(select(*_FAILURE_GROUP, func.count()).where(*within, _FAILED)
-                                    .group_by(*_FAILURE_GROUP)).all()
-            for harness, model, day, n in totals:
-                calls[(day_of(int(day) * DAY_NS), _label(model), _label(harness))] += int(n)
-            for name, stage, kind, pointer, error, day, model, harness, n in rows:
-                key = (FailureKey(name, stage, kind or "unknown", pointer or "") if stage is not None
-                       else FailureKey(name, "execution", execution_error_kind(error), ""))
-                failed[(key, day_of(int(day) * DAY_NS), _label(model), _label(harness))] += int(n)
-            low = high
+    def _count(self, source: Engine | Connection, low: int, high: int, calls: Counter[tuple[str, str, str]],
+               failed: Counter[tuple[FailureKey, str, str, str]]) -> None:
+        """The calls with ids in (low, high] added to `calls`, the failed ones to `failed`."""
+        within = (C.id > low, C.id <= high, *replace(self.where, failed=None, after_id=None).conditions())
+        with _connected(source) as conn:
+            totals = conn.execute(select(*_TOTALS, func.count()).where(*within).group_by(*_TOTALS)).all()
+            rows = conn.execute(select(*_FAILURE_GROUP, func.count()).where(*within, _FAILED)
+                                .group_by(*_FAILURE_GROUP)).all()
+        for harness, model, day, n in totals:
+            calls[(day_of(int(day) * DAY_NS), _label(model), _label(harness))] += int(n)
+        for name, stage, kind, pointer, error, day, model, harness, n in rows:
+            key = (FailureKey(name, stage, kind or "unknown", pointer or "") if stage is not None
+                   else FailureKey(name, "execution", execution_error_kind(error), ""))
+            failed[(key, day_of(int(day) * DAY_NS), _label(model), _label(harness))] += int(n)
 
     def report(self, by: Sequence[str] = GROUP_FIELDS, limit: int | None = None,
                since_day: str | None = None) -> FailureReport:
@@ -237,8 +241,14 @@ def _every_day(counts: Counter[str]) -> dict[str, int]:
     return {day.isoformat(): counts.get(day.isoformat(), 0) for day in days}
 
 
-def _engine(source: Engine | Connection) -> Engine:
-    return source if isinstance(source, Engine) else source.engine
+@contextmanager
+def _connected(source: Engine | Connection) -> Iterator[Connection]:
+    """`source` itself where it is a connection; else a connection of its own, for one short read."""
+    if isinstance(source, Connection):
+        yield source
+        return
+    with source.connect() as conn:
+        yield conn
 
 
 def failure_report(source: Engine | Connection, where: CallFilter = CallFilter(), *,
@@ -344,7 +354,7 @@ def sidecar_versions(source: Engine | Connection, versions: Sequence[str],
     its record is the one read."""
     if where.service is not None:
         return set()
-    with _engine(source).connect() as conn:
+    with _connected(source) as conn:
         return set(conn.execute(select(C.harness_version).distinct().where(
             C.harness_version.in_(versions), C.service_name == SIDECAR_SERVICE)).scalars())
 

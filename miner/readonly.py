@@ -18,7 +18,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -201,17 +201,22 @@ class ReadOnlyStore:
                     raw.deadline = float("inf")
                 conn.rollback()
 
-    def stream(self, statement: Any, rows: list[Any]) -> bool:
-        """Runs `statement` on a connection with the deadline, appending its rows to `rows` as the database finds
-        them; whether it ran to its end (False: the deadline stopped it, the rows found by then are kept)."""
+    def within_limit(self, work: Callable[[Any], object]) -> bool:
+        """Runs `work` on a connection with the deadline; whether it ran to its end (False: the deadline stopped it,
+        and what it kept by then is the caller's)."""
         with self.connection() as conn:
             try:
-                rows.extend(conn.execution_options(yield_per=1).execute(statement))
+                work(conn)
             except DBAPIError as exc:
                 if not _past_deadline(exc.orig):
                     raise
                 return False
         return True
+
+    def stream(self, statement: Any, rows: list[Any]) -> bool:
+        """Runs `statement` with the deadline, appending its rows to `rows` as the database finds them; whether it
+        ran to its end (False: the rows found by then are kept)."""
+        return self.within_limit(lambda conn: rows.extend(conn.execution_options(yield_per=1).execute(statement)))
 
     def query(self, sql: str) -> tuple[list[str], list[list[Any]], bool]:
         """(columns, rows, truncated) of one checked SELECT."""

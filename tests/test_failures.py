@@ -11,8 +11,9 @@ import subprocess
 import sys
 from collections.abc import Callable
 
+import pytest
 from click.testing import CliRunner
-from sqlalchemy import func, select, update
+from sqlalchemy import event, func, select, update
 
 from tracemill.cli import main
 from tracemill.collector.decode import Limits, decode_protobuf
@@ -105,6 +106,26 @@ def test_counts_kept_between_reads_read_only_new_calls_and_agree_with_a_fresh_re
     assert counts.update(engine, recount=4).report().to_dict() == failure_report(engine).to_dict()
     assert ("execution · upstream_error", 1) in [(m.label, m.count) for m in counts.report(("stage", "kind")).modes]
     assert counts.report(since_day="2026-06-01").total_calls == 0  # every call was made before that day
+    engine.dispose()
+
+
+def test_counts_stopped_half_way_go_on_from_there_and_count_each_call_once(db_url: str) -> None:
+    """A reader with a time limit (a miner agent's) can stop an update at any statement: the windows counted by then
+    are kept, and the next update counts on from there, never a call twice."""
+    engine = _store(db_url, {"v1": [(GOOD, 30), (WRONG_TYPE, 12), (UNKNOWN_TOOL, 8)]})
+    counts, statements = FailureCounts(), []
+
+    def stop_at_the_fifth(conn: object, cursor: object, statement: str, *_: object) -> None:
+        statements.append("GROUP BY" in statement)
+        if sum(statements) == 5:  # the third window's first count
+            raise TimeoutError("the reader's deadline")
+
+    event.listen(engine, "before_cursor_execute", stop_at_the_fifth)
+    with engine.connect() as conn, pytest.raises(TimeoutError):
+        counts.update(conn, window=7, recount=4)
+    event.remove(engine, "before_cursor_execute", stop_at_the_fifth)
+    assert counts.settled_id == 14 and counts.report().total_calls == 14, "two windows of seven counted by then"
+    assert counts.update(engine, window=7, recount=4).report().to_dict() == failure_report(engine).to_dict()
     engine.dispose()
 
 

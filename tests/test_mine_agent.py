@@ -122,18 +122,32 @@ _FILLER = {  # older spans of a kilobyte each: more than a scan reads within a f
                   "json_build_object('text', repeat('0', 1000)), '{}', '[]', '[]', now() "
                   "FROM generate_series(1, :count) AS i",
 }
+_FILLER_CALLS = {  # a call of each filler span, every fourth failed
+    "sqlite": "INSERT INTO tool_calls (trace_id, span_id, call_index, raw, name, parsed, stage, violations, "
+              "start_time_ns, created_at) SELECT trace_id, span_id, 0, 'x', 'get_weather', 1, "
+              "CASE WHEN start_time_ns % 4 = 0 THEN 'schema' END, CASE WHEN start_time_ns % 4 = 0 THEN "
+              "'[{\"kind\": \"wrong_type\", \"pointer\": \"/arguments/city\"}]' ELSE '[]' END, start_time_ns, "
+              "'2026-01-01' FROM spans WHERE name = 'filler'",
+    "postgresql": "INSERT INTO tool_calls (trace_id, span_id, call_index, raw, name, parsed, stage, violations, "
+                  "start_time_ns, created_at) SELECT trace_id, span_id, 0, 'x', 'get_weather', true, "
+                  "CASE WHEN start_time_ns % 4 = 0 THEN 'schema' END, CASE WHEN start_time_ns % 4 = 0 THEN "
+                  "'[{\"kind\": \"wrong_type\", \"pointer\": \"/arguments/city\"}]'::jsonb ELSE '[]'::jsonb END, "
+                  "start_time_ns, now() FROM spans WHERE name = 'filler'",
+}
 
 
-def test_past_the_time_limit_a_search_gives_what_it_found_and_evidence_is_found_by_its_trace(
+def test_past_the_time_limit_a_search_and_the_failure_clusters_give_what_they_found_and_evidence_is_found_by_its_trace(
         db_url: str, tmp_path: Path) -> None:
     """A store of millions of spans is more than a scan reads within the reader's time limit. A text search tells the
-    agent which spans it found by then, newest first, and that it did not read everything; a finding's evidence named
-    as trace_id/span_id is found at once, and a span id alone, which only a scan finds, is refused with how to name
-    it. The agent's run goes on either way."""
+    agent which spans it found by then, newest first, and that it did not read everything; the failure clusters say
+    how many calls they counted by then; a finding's evidence named as
+    trace_id/span_id is found at once, and a span id alone, which only a scan finds, is refused with how to name it.
+    The agent's run goes on either way."""
     engine = make_engine(db_url)
     upgrade(engine)
     with engine.begin() as conn:
         conn.execute(text(_FILLER[engine.dialect.name]), {"count": 200_000})
+        conn.execute(text(_FILLER_CALLS[engine.dialect.name]))
     newest = [make_span("c" * 32, f"{k + 1:016x}", "chat", {"note": f"the Needle {k}"}, start_ns=10**18 + k)
               for k in range(3)]
     writer = SpanWriter(engine.dialect)
@@ -146,10 +160,16 @@ def test_past_the_time_limit_a_search_gives_what_it_found_and_evidence_is_found_
             ("search_spans", {"text": "the needle", "limit": 10}),
             ("record_finding", {"key": "needles", "hypothesis": "h", "evidence": ["0" * 15 + "3"]}),
             ("record_finding", {"key": "needles", "hypothesis": "h", "evidence": ["c" * 32 + "/" + "0" * 15 + "3"]}),
+            ("failure_clusters", {}),
         )))
         runs.append(run_agent(model, open_reader(engine, limits=ReaderLimits(seconds=seconds)), engine))
         assert runs[-1].answer == "done"
     cut_short, whole = ([t["answer"] for t in run.transcript] for run in runs)
+    counted, counted_all = json.loads(cut_short[3]), json.loads(whole[3])
+    assert counted_all["complete"] and (counted_all["total_calls"], counted_all["failed_calls"]) == (200_000, 50_000)
+    assert counted_all["modes"] == [{"mode": "get_weather · schema · wrong_type · /arguments/city", "count": 50_000,
+                                     "share": 0.25}]
+    assert counted["complete"] is False and counted["total_calls"] < 200_000 and "0.01 s limit" in counted["note"]
     found, found_all = json.loads(cut_short[0]), json.loads(whole[0])
     assert [s["span_id"] for s in found_all["spans"]] == [f"{k:016x}" for k in (3, 2, 1)] and found_all["complete"]
     assert found["complete"] is False and "0.01 s limit" in found["note"]
