@@ -7,7 +7,7 @@ import os
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from sqlalchemy import Engine, func, select
@@ -15,6 +15,9 @@ from sqlalchemy import Engine, func, select
 from tracemill.rates import percent, rate, sparkline
 from tracemill.store.cli import DATE, call_filter_options, database_option, read_store
 from tracemill.store.queries import SIDECAR_SERVICE, CallFilter
+
+if TYPE_CHECKING:
+    import openai
 
 TREND_BARS = 15  # a month in two-day bars: an 80-column terminal keeps the counts and rates beside them
 
@@ -234,6 +237,7 @@ def mine_agent(db_url: str | None, base_url: str, model_name: str, reader_db: st
     traces and spans, the failure clusters) and records findings rules cannot label, consolidated by key."""
     from datetime import timedelta
 
+    import openai
     from langchain_openai import ChatOpenAI
 
     from tracemill.miner.agent import TASK, run_agent
@@ -248,8 +252,11 @@ def mine_agent(db_url: str | None, base_url: str, model_name: str, reader_db: st
         raise click.ClickException(str(exc)) from None
     model = ChatOpenAI(model=model_name, base_url=base_url, api_key=get_settings().miner_api_key or "EMPTY",
                        temperature=0)
-    run = run_agent(model, reader, engine, task=task or TASK, max_steps=max_steps,
-                    expire_after=timedelta(days=expire_after_days))
+    try:
+        run = run_agent(model, reader, engine, task=task or TASK, max_steps=max_steps,
+                        expire_after=timedelta(days=expire_after_days))
+    except openai.APIError as exc:
+        raise click.ClickException(_endpoint_error(base_url, model_name, exc)) from None
     if as_json:
         click.echo(json.dumps({"recorded": run.recorded, "merged": run.merged, "refused": run.refused,
                                "expired": run.expired, "steps": run.steps, "answer": run.answer,
@@ -259,3 +266,16 @@ def mine_agent(db_url: str | None, base_url: str, model_name: str, reader_db: st
                f"expired: {run.expired}; tool requests refused: {len(run.refused)}")
     for finding in open_findings(engine):
         click.echo(f"  [{finding['seen']}x] {finding['key']}: {finding['hypothesis']}")
+
+
+def _endpoint_error(base_url: str, model_name: str, error: openai.APIError) -> str:
+    """One line on why the model endpoint failed the agent (`error`: the OpenAI client's): what the endpoint said, or
+    why it could not be reached. Findings recorded before it stay recorded."""
+    import openai
+
+    if isinstance(error, openai.APIStatusError):
+        body = error.body.get("message", error.body) if isinstance(error.body, dict) else error.body
+        said = str(body or error.message).strip().splitlines()[0]
+        return f"the model endpoint {base_url} answered {error.status_code} for model {model_name!r}: {said}"
+    cause = f" ({error.__cause__})" if error.__cause__ is not None else ""
+    return f"cannot reach the model endpoint {base_url}: {error.message}{cause}"

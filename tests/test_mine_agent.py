@@ -217,16 +217,22 @@ class _Endpoint(BaseHTTPRequestHandler):
 
     script: ClassVar[list[dict[str, Any]]] = []
     requests: ClassVar[list[dict[str, Any]]] = []
+    MODELS = ("qwen3",)  # served; another is answered as vLLM answers it, 404
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.requests.append(body)
         message = self.script[min(len(self.requests) - 1, len(self.script) - 1)]
-        answer = {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                  "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-                  "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+        answer: dict[str, Any] = {
+            "id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+        status = 200 if body["model"] in self.MODELS else 404
+        if status == 404:
+            answer = {"error": {"message": f"The model `{body['model']}` does not exist.", "type": "NotFoundError",
+                                "param": None, "code": 404}}
         data = json.dumps(answer).encode()
-        self.send_response(200)
+        self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -259,3 +265,25 @@ def test_the_command_drives_an_openai_compatible_endpoint(sqlite_url: str, tmp_p
     assert [f["key"] for f in out["open_findings"]] == ["upstream"]
     offered = {t["function"]["name"] for t in _Endpoint.requests[0]["tools"]}
     assert offered == {"sql", "search_spans", "read_trace", "read_span", "failure_clusters", "record_finding"}
+
+
+def test_an_endpoint_that_fails_the_agent_gets_a_one_line_error_that_names_it(sqlite_url: str,
+                                                                             tmp_path: Path) -> None:
+    _store(sqlite_url, tmp_path / "unused.db")
+    _Endpoint.requests = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Endpoint)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    served = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    try:
+        unknown = CliRunner().invoke(main, ["mine-agent", "--db", sqlite_url, "--base-url", served, "--model",
+                                            "qwen9"])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert unknown.exit_code == 1 and isinstance(unknown.exception, SystemExit)
+    assert unknown.output == (f"Error: the model endpoint {served} answered 404 for model 'qwen9': The model `qwen9` "
+                              "does not exist.\n")
+    nobody = CliRunner().invoke(main, ["mine-agent", "--db", sqlite_url, "--base-url", served, "--model", "qwen3"])
+    assert nobody.exit_code == 1 and isinstance(nobody.exception, SystemExit)
+    assert nobody.output.startswith(f"Error: cannot reach the model endpoint {served}: Connection error.")
+    assert nobody.output.count("\n") == 1 and "Traceback" not in nobody.output
