@@ -129,13 +129,15 @@ def test_bfcl_ast_agreement_uses_bfcl_normalisation():
 class _FixedCompletion(BaseHTTPRequestHandler):
     requests: ClassVar[list] = []
     content = ""
+    answer: ClassVar[tuple[int, str] | None] = None  # (status, body) answered in place of a completion
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).requests.append((self.path, body))
         reply = json.dumps({"id": "x", "object": "chat.completion", "model": body["model"], "choices": [
             {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": self.content}}]})
-        self.send_response(200)
+        status, reply = self.answer or (200, reply)
+        self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(reply)))
         self.end_headers()
@@ -179,6 +181,31 @@ def test_endpoint_reviser_against_a_real_openai_compatible_server(tmp_path):
     conversation = sections[sections.index("<conversation>") + 1:sections.index("</conversation>")]
     assert conversation == ["user: Forecast for Paris, 2 days"]
     assert sections[sections.index("<output>") + 1] == case["raw"]
+
+
+@pytest.mark.parametrize(("answer", "said"), [
+    ((404, '{"detail": "Not Found"}'), 'answered 404: {"detail": "Not Found"}'),
+    ((200, "<html>a proxy's page</html>"), ("did not answer as an OpenAI-compatible chat endpoint does (no "
+                                           "choices[0].message): <html>a proxy's page</html>")),
+    (None, "cannot reach the model reviser"),
+])
+def test_an_endpoint_reviser_that_cannot_answer_stops_the_eval_with_a_line_that_names_it(answer, said):
+    _FixedCompletion.answer = answer
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FixedCompletion)
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    if answer is None:
+        server.server_close()  # nothing listens there
+    else:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        result = _eval("--cases", "bfcl", "--limit", "40", "--reviser", f"endpoint:{url}")
+    finally:
+        if answer is not None:
+            server.shutdown()
+        _FixedCompletion.answer = None
+    assert result.exit_code == 1 and result.output.strip().count("\n") == 0, result.output
+    assert result.output.strip().startswith("Error: ") and f"{url}/chat/completions" in result.output
+    assert said in result.output
 
 
 def test_a_case_may_give_its_tools_calls_and_context_as_json_text(tmp_path):

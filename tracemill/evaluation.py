@@ -22,7 +22,7 @@ import orjson
 
 from tracemill.bfcl import ast_match
 from tracemill.rates import UNKNOWN, percent, rate
-from tracemill.revisers import Reviser, ReviserSpecError, make_reviser, strict_calls
+from tracemill.revisers import Reviser, ReviserSpecError, ReviserUnavailable, make_reviser, strict_calls
 from tracemill.suites import SUITES, Case, CaseError, load_suite, read_cases
 from tracemill.tools import tool_index
 from tracemill.verify import Stage, Verdict, verify
@@ -193,7 +193,10 @@ def eval_command(source: str, specs: tuple[str, ...], seed: int, limit: int | No
     err = Console(stderr=True)
     with Progress(console=err, transient=True) as bar:
         task = bar.add_task(f"eval {source}", total=len(cases) * len(revisers))
-        report = evaluate(cases, revisers, source, progress=lambda n: bar.advance(task, n))
+        try:
+            report = evaluate(cases, revisers, source, progress=lambda n: bar.advance(task, n))
+        except ReviserUnavailable as exc:
+            raise click.ClickException(str(exc)) from None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "report.json").write_bytes(orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2))

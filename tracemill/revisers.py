@@ -42,6 +42,11 @@ class ReviserSpecError(ValueError):
     """A reviser spec that names no registered reviser, or one that cannot be made; the message says which and why."""
 
 
+class ReviserUnavailable(RuntimeError):
+    """A reviser that could not answer: its endpoint unreachable, answering with an error or not as the API it should
+    be; the message names it and says why."""
+
+
 Factory = Callable[[str], Reviser]
 
 
@@ -190,11 +195,25 @@ class EndpointReviser:
             return first
         prompt = build_prompt(raw, index, context, self.prompt)
         body = {"model": self.model, "temperature": 0, "messages": prompt.to_list()}
-        response = httpx.post(self.chat_url, json=body, timeout=self.timeout)
-        response.raise_for_status()
-        message = response.json()["choices"][0]["message"]
-        answer = message if message.get("tool_calls") else message.get("content") or ""
+        try:
+            response = httpx.post(self.chat_url, json=body, timeout=self.timeout)
+        except httpx.HTTPError as exc:
+            raise ReviserUnavailable(f"cannot reach the model reviser at {self.chat_url}: {exc}") from exc
+        if response.is_error:
+            raise ReviserUnavailable(f"the model reviser at {self.chat_url} answered {response.status_code}: "
+                                     f"{_gist(response.text)}")
+        try:
+            message = response.json()["choices"][0]["message"]
+            answer = message if message.get("tool_calls") else message.get("content") or ""
+        except (ValueError, LookupError, TypeError, AttributeError) as exc:
+            raise ReviserUnavailable(f"the model reviser at {self.chat_url} did not answer as an OpenAI-compatible "
+                                     f"chat endpoint does (no choices[0].message): {_gist(response.text)}") from exc
         return model_answer(first, raw, answer, index, context, f"the model reviser at {self.url}")
+
+
+def _gist(text: str) -> str:
+    """The start of what an endpoint answered, on one line."""
+    return " ".join(text.split())[:300]
 
 
 register("none", lambda _: no_reviser, help="the output as sent")
