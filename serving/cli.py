@@ -7,7 +7,7 @@ import json
 
 import click
 
-from tracemill.store.cli import database_option, open_store, resolve_db
+from tracemill.store.cli import database_option, open_store, resolve_db, store_errors
 
 
 def _actor() -> str:
@@ -25,7 +25,9 @@ def _store(db_url: str | None, write: bool):  # type: ignore[no-untyped-def]
     if write:
         return open_store(db_url)
     engine = make_engine(resolve_db(db_url), must_exist=True)
-    if current_revision(engine) is None:
+    with store_errors(engine):
+        known = current_revision(engine) is not None
+    if not known:
         raise click.ClickException(f"no Tracemill store at {engine.url.render_as_string(hide_password=True)} "
                                    "(start the collector on it, or run `tracemill db upgrade`)")
     return engine

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from click.testing import CliRunner
 from sqlalchemy import inspect, text
 
+from tracemill.cli import main
 from tracemill.store.engine import make_engine
 from tracemill.store.migrate import current_revision, head_revision, upgrade
 from tracemill.store.tables import Base
@@ -65,3 +68,17 @@ def test_a_read_on_a_wrong_path_says_the_file_does_not_exist(tmp_path) -> None: 
 def test_bad_database_url_is_named() -> None:
     result = tracemill("stats", "--db", "not a url")
     assert result.returncode != 0 and "'not a url' is not a valid SQLAlchemy URL" in result.stderr
+
+
+def test_a_file_that_is_no_database_is_named_in_one_line_by_every_command_that_opens_it(tmp_path: Path) -> None:
+    garbage = tmp_path / "notes.db"
+    garbage.write_text("not a database\n" * 100)
+    before = garbage.read_bytes()
+    for command in (["db", "upgrade"], ["db", "current"], ["collector", "--port", "0"], ["ui"], ["users", "list"],
+                    ["keys", "list"], ["stats"], ["failures"], ["models", "list"], ["deployments"],
+                    ["deploy", "rules"], ["rollback"], ["mine", "--out", str(tmp_path / "export")],
+                    ["mine-agent", "--base-url", "http://127.0.0.1:9/v1", "--model", "m"]):
+        result = CliRunner().invoke(main, [*command, "--db", f"sqlite:///{garbage}"])
+        assert isinstance(result.exception, SystemExit) and result.exit_code == 1, (command, result.output)
+        assert result.output.strip() == f"Error: cannot read the store at sqlite:///{garbage}: file is not a database"
+    assert garbage.read_bytes() == before

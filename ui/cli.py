@@ -8,25 +8,10 @@ from pathlib import Path
 
 import click
 
-from tracemill.store.cli import database_option, resolve_db
+from tracemill.store.cli import database_option, open_store
 
 APP = Path(__file__).resolve().parent / "app.py"
 ROLES = click.Choice(["viewer", "reviewer", "admin"])
-
-
-def _store(db_url: str | None):  # type: ignore[no-untyped-def]
-    """The store's engine, migrated when it is SQLite (as the collector does); a PostgreSQL store must be current."""
-    from tracemill.store.engine import is_sqlite, make_engine
-    from tracemill.store.migrate import is_current, upgrade
-
-    url = resolve_db(db_url)
-    engine = make_engine(url)
-    if is_sqlite(url):
-        upgrade(engine)
-    elif not is_current(engine):
-        raise click.ClickException(f"{engine.url.render_as_string(hide_password=True)} is not at the newest schema: "
-                                   "run `tracemill db upgrade --db URL` first")
-    return engine
 
 
 @click.command()
@@ -41,7 +26,7 @@ def ui(db_url: str | None, host: str | None, port: int | None, base_path: str) -
     from tracemill.ui import users
 
     settings = get_settings()
-    engine = _store(db_url)
+    engine = open_store(db_url)
     if not users.users(engine):
         click.echo("No user may sign in yet: add one with `tracemill users add NAME --role admin`.", err=True)
     url = engine.url.render_as_string(hide_password=False)
@@ -84,7 +69,7 @@ def add(name: str, role: str, email: str | None, sso_only: bool, password_stdin:
 
     password = None if sso_only else _password(True, password_stdin)
     try:
-        added = people.add_user(_store(db_url), name, Role(role), password, email)
+        added = people.add_user(open_store(db_url), name, Role(role), password, email)
     except people.UserError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"added {added.name} ({added.role.value})")
@@ -96,7 +81,7 @@ def list_users(db_url: str | None) -> None:
     """List the users and their roles."""
     from tracemill.ui import users as people
 
-    for u in people.users(_store(db_url)):
+    for u in people.users(open_store(db_url)):
         state = "disabled" if u.disabled_at else "active"
         how = ", ".join(w for w, on in (("password", u.has_password), (f"sso {u.email}", bool(u.email))) if on)
         click.echo(f"{u.name}\t{u.role.value}\t{state}\t{how}")
@@ -112,7 +97,7 @@ def set_role(name: str, role: str, db_url: str | None) -> None:
     from tracemill.ui.access import Role
 
     try:
-        people.set_role(_store(db_url), name, Role(role))
+        people.set_role(open_store(db_url), name, Role(role))
     except people.UserError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"{name} is now a {role}")
@@ -129,7 +114,7 @@ def passwd(name: str, password_stdin: bool, db_url: str | None) -> None:
     password = _password(True, password_stdin)
     assert password is not None
     try:
-        people.set_password(_store(db_url), name, password)
+        people.set_password(open_store(db_url), name, password)
     except people.UserError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"password of {name} changed")
@@ -143,7 +128,7 @@ def disable(name: str, db_url: str | None) -> None:
     from tracemill.ui import users as people
 
     try:
-        people.disable(_store(db_url), name)
+        people.disable(open_store(db_url), name)
     except people.UserError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"{name} can no longer sign in")

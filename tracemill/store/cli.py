@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,13 +22,29 @@ def resolve_db(db_url: str | None) -> str:
     return db_url or get_settings().database_url
 
 
+@contextmanager
+def store_errors(engine: Any) -> Iterator[None]:
+    """A database error while the store is opened or read (a file that is no database, a server that refuses), as
+    one line that names the store."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        yield
+    except SQLAlchemyError as exc:
+        detail = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+        shown = engine.url.render_as_string(hide_password=True)
+        raise click.ClickException(f"cannot read the store at {shown}: {detail}") from None
+
+
 def open_store(db_url: str | None):  # type: ignore[no-untyped-def]
     """The store's engine, migrated if it is a SQLite file (created if there is none: for commands that write, such as
     the collector); a PostgreSQL store must be migrated on purpose."""
     from tracemill.store.engine import make_engine
 
     url = resolve_db(db_url)
-    return _migrated(make_engine(url), url)
+    engine = make_engine(url)
+    with store_errors(engine):
+        return _migrated(engine, url)
 
 
 def _migrated(engine: Any, url: str) -> Any:
@@ -46,8 +64,6 @@ def read_store(db_url: str | None, where: Any = None):  # type: ignore[no-untype
     """`open_store` for commands that read what was stored: a store that is not there, or a database that is no
     Tracemill store, is a one-line error naming it (never an empty store made on a mistyped path), as is a filter
     value (`where`, a CallFilter) no stored call has."""
-    from sqlalchemy.exc import SQLAlchemyError
-
     from tracemill.store.engine import StoreURLError, make_engine
     from tracemill.store.migrate import current_revision
     from tracemill.store.queries import FilterError, check_filter
@@ -58,19 +74,17 @@ def read_store(db_url: str | None, where: Any = None):  # type: ignore[no-untype
         engine = make_engine(url, must_exist=True)
     except StoreURLError as exc:
         raise click.ClickException(f"{exc} {hint}") from None
-    shown = engine.url.render_as_string(hide_password=True)
     try:
-        if current_revision(engine) is None:
-            raise click.ClickException(f"no Tracemill store at {shown} {hint}")
-        _migrated(engine, url)
-        if where is not None:
-            with engine.connect() as conn:
-                check_filter(conn, where)
+        with store_errors(engine):
+            if current_revision(engine) is None:
+                raise click.ClickException(f"no Tracemill store at {engine.url.render_as_string(hide_password=True)} "
+                                           f"{hint}")
+            _migrated(engine, url)
+            if where is not None:
+                with engine.connect() as conn:
+                    check_filter(conn, where)
     except FilterError as exc:
         raise click.ClickException(str(exc)) from None
-    except SQLAlchemyError as exc:
-        detail = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
-        raise click.ClickException(f"cannot read the store at {shown}: {detail}") from None
     return engine
 
 
@@ -124,8 +138,9 @@ def upgrade(db_url: str | None) -> None:
     from tracemill.store.migrate import upgrade as run_upgrade
 
     engine = make_engine(resolve_db(db_url))
-    run_upgrade(engine)
-    click.echo(f"{engine.url.render_as_string(hide_password=True)}: at revision {current_revision(engine)}")
+    with store_errors(engine):
+        run_upgrade(engine)
+        click.echo(f"{engine.url.render_as_string(hide_password=True)}: at revision {current_revision(engine)}")
 
 
 @db.command()
@@ -136,4 +151,5 @@ def current(db_url: str | None) -> None:
     from tracemill.store.migrate import current_revision, head_revision
 
     engine = make_engine(resolve_db(db_url), must_exist=True)
-    click.echo(f"current: {current_revision(engine) or 'empty'}\nhead:    {head_revision()}")
+    with store_errors(engine):
+        click.echo(f"current: {current_revision(engine) or 'empty'}\nhead:    {head_revision()}")
