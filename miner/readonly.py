@@ -7,9 +7,10 @@ Every query goes through three gates, each enough on its own for what it covers:
   (no PRAGMA, no ATTACH: `mode=ro` alone lets ATTACH create and write another file, and PRAGMA query_only can be
   switched off by the query), a cap on the size of any value, and a progress handler as the deadline; on PostgreSQL
   a login role that may SELECT the store's tables and nothing more (no TEMPORARY, no CREATE, no other role to SET),
-  with a statement timeout set before every query;
-- a deadline the query cannot lift: SQLite's progress handler, PostgreSQL's statement timeout and a timer that
-  cancels the statement from outside the session.
+  with a statement timeout set before every statement;
+- a deadline the query cannot lift, one for all the statements a tool call runs: SQLite's progress handler,
+  PostgreSQL's statement timeout (what is left of the deadline) and a timer that cancels the statement from outside
+  the session.
 """
 
 from __future__ import annotations
@@ -182,14 +183,20 @@ class ReadOnlyStore:
 
     @contextmanager
     def connection(self) -> Iterator[Any]:
-        """A connection whose every statement has the deadline; rolled back at the end."""
+        """A connection whose statements, however many, end by one deadline, `limits.seconds` from now; rolled back
+        at the end."""
+        deadline = time.monotonic() + self.limits.seconds
         with self.engine.connect() as conn:
             raw = conn.connection.dbapi_connection
             timer: threading.Timer | None = None
             if self.dialect == "sqlite":
-                raw.deadline = time.monotonic() + self.limits.seconds
+                raw.deadline = deadline
             else:
-                conn.exec_driver_sql(f"SET statement_timeout = {int(self.limits.seconds * 1000)}")
+                def time_left(*_: Any) -> None:  # each statement gets what is left (on a cursor of its own: a
+                    # streaming statement's is a server-side cursor, which only takes a query)
+                    raw.execute(f"SET statement_timeout = {max(1, int((deadline - time.monotonic()) * 1000))}")
+
+                event.listen(conn, "before_cursor_execute", time_left)
                 timer = threading.Timer(self.limits.seconds + 1, raw.cancel)  # past any SET the query made
                 timer.start()
             try:
@@ -197,6 +204,7 @@ class ReadOnlyStore:
             finally:
                 if timer is not None:
                     timer.cancel()
+                    event.remove(conn, "before_cursor_execute", time_left)
                 if self.dialect == "sqlite":
                     raw.deadline = float("inf")
                 conn.rollback()

@@ -287,3 +287,21 @@ def test_an_endpoint_that_fails_the_agent_gets_a_one_line_error_that_names_it(sq
     assert nobody.exit_code == 1 and isinstance(nobody.exception, SystemExit)
     assert nobody.output.startswith(f"Error: cannot reach the model endpoint {served}: Connection error.")
     assert nobody.output.count("\n") == 1 and "Traceback" not in nobody.output
+
+
+def test_a_tool_s_statements_together_end_by_the_reader_s_deadline(postgres_url: str) -> None:
+    """The time limit is one deadline for all the statements a tool runs (the failure clusters run two a window), not
+    a limit on each: statements that each end in time are stopped once their sum reaches it."""
+    engine = make_engine(postgres_url)
+    upgrade(engine)
+    reader = open_reader(engine, limits=ReaderLimits(seconds=0.5))
+    slept: list[int] = []
+
+    def sleep_twenty_times(conn: Any) -> None:
+        for _ in range(20):
+            conn.exec_driver_sql("SELECT pg_sleep(0.1)")
+            slept.append(1)
+
+    assert reader.within_limit(sleep_twenty_times) is False
+    assert 3 <= len(slept) <= 5, "stopped at the deadline, about five sleeps in"
+    assert reader.within_limit(lambda conn: conn.exec_driver_sql("SELECT pg_sleep(0.1)")), "the next call has its own"
