@@ -20,7 +20,7 @@ from sqlalchemy import select, text, update
 from tracemill.cli import main
 from tracemill.collector.decode import Limits, decode_protobuf
 from tracemill.collector.persist import SpanWriter
-from tracemill.miner.agent import run_agent
+from tracemill.miner.agent import TASK, run_agent
 from tracemill.miner.readonly import Limits as ReaderLimits
 from tracemill.miner.readonly import open_reader
 from tracemill.store.engine import make_engine
@@ -253,18 +253,26 @@ def test_the_command_drives_an_openai_compatible_endpoint(sqlite_url: str, tmp_p
     ]
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Endpoint)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    command = ["mine-agent", "--db", sqlite_url, "--base-url", f"http://127.0.0.1:{server.server_address[1]}/v1",
+               "--model", "qwen3", "--json"]
     try:
-        done = CliRunner().invoke(main, ["mine-agent", "--db", sqlite_url, "--base-url",
-                                         f"http://127.0.0.1:{server.server_address[1]}/v1", "--model", "qwen3",
-                                         "--json"])
+        done = CliRunner().invoke(main, command)
+        first_requests, _Endpoint.requests = _Endpoint.requests, []
+        again = CliRunner().invoke(main, command)
     finally:
         server.shutdown()
     assert done.exit_code == 0, done.output
     out = json.loads(done.output)
     assert out["recorded"] == ["upstream"] and out["answer"] == "recorded one finding"
     assert [f["key"] for f in out["open_findings"]] == ["upstream"]
-    offered = {t["function"]["name"] for t in _Endpoint.requests[0]["tools"]}
+    offered = {t["function"]["name"] for t in first_requests[0]["tools"]}
     assert offered == {"sql", "search_spans", "read_trace", "read_span", "failure_clusters", "record_finding"}
+    asked = [m["content"] for m in first_requests[0]["messages"] if m["role"] == "user"]
+    assert asked == [TASK], "no finding is open yet"
+    asked_again = next(m["content"] for m in _Endpoint.requests[0]["messages"] if m["role"] == "user")
+    assert asked_again.startswith(TASK) and asked_again.endswith("\n- upstream (seen 1x): errors upstream"), \
+        "a later run is shown the open findings, to record the same failure under the same key"
+    assert again.exit_code == 0 and json.loads(again.output)["merged"] == ["upstream"]
 
 
 def test_an_endpoint_that_fails_the_agent_gets_a_one_line_error_that_names_it(sqlite_url: str,
