@@ -227,6 +227,8 @@ BASE = '[model]\nbase = "/nowhere/no-model"\n[data]\ndataset = "{dataset}"\n'
     ("[rewards.weights]\nvibes = 1.0\n", "unknown reward term(s) vibes"),
     ("[rewards.judge]\nenabled = true\n", "an enabled judge needs `url`"),
     ("[model\n", "not valid TOML"),
+    ("[grpo]\nnum_generation = 4\nmax_step = 5\n", ("grpo.num_generation: Extra inputs are not permitted; "
+                                                   "grpo.max_step: Extra inputs are not permitted")),
 ])
 def test_a_config_error_names_the_field_before_any_model_loads(tmp_path, dataset, extra, message):
     result = _train(tmp_path, BASE.format(dataset=dataset) + extra)

@@ -169,10 +169,9 @@ def _where(error: dict[str, Any]) -> str:
 def parse_config(data: dict[str, Any], folder: Path, source: str) -> TrainConfig:
     try:
         config = TrainConfig.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise ConfigError(f"{source}: {_where(first)}: {first['msg']}{more}") from None
+    except ValidationError as exc:  # every mistake named at once: a config is fixed in one go, not one per run
+        said = "; ".join(f"{_where(e)}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"{source}: {said}") from None
     return config.resolve(folder)
 
 
