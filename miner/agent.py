@@ -22,7 +22,7 @@ from tracemill.miner.failures import FailureCounts
 from tracemill.miner.findings import Finding, expire, finding_key, open_findings, record
 from tracemill.miner.readonly import QueryRefused, ReadOnlyStore
 from tracemill.store.payloads import is_reference, read_payload
-from tracemill.store.queries import span, trace_spans
+from tracemill.store.queries import span, span_count, trace_spans
 from tracemill.store.tables import PayloadRow, SpanRow
 
 SYSTEM = """You investigate the tool calls of LLM agents stored by Tracemill, to find what its rule-based verifier \
@@ -127,12 +127,18 @@ def make_tools(reader: ReadOnlyStore, writer: Engine, run: AgentRun) -> list[Any
     @tool
     def read_trace(trace_id: str, offset: int = 0, limit: int = 30) -> str:
         """A trace's spans in start order, `limit` from `offset`; large attribute values are shown by size."""
-        with reader.connection() as conn:
-            spans = trace_spans(conn, trace_id, resolved=False)
-        page = spans[offset:offset + max(1, min(limit, 100))]
-        return _text({"spans": len(spans), "offset": offset, "page": [
+        found: dict[str, Any] = {}
+
+        def read(conn: Any) -> None:  # the page alone: an agent's trace can run to many thousands of spans
+            found["spans"] = span_count(conn, trace_id)
+            found["page"] = trace_spans(conn, trace_id, resolved=False, offset=max(0, offset),
+                                        limit=max(1, min(limit, 100)))
+
+        if not reader.within_limit(read):
+            return refused(f"reading trace {trace_id} reached the {reader.limits.seconds:g} s limit")
+        return _text({"spans": found["spans"], "offset": offset, "page": [
             {"span_id": s.span_id, "name": s.name, "status": s.status_code, "attributes": _shown(s.attributes)}
-            for s in page]})
+            for s in found["page"]]})
 
     @tool
     def read_span(trace_id: str, span_id: str, attribute: str | None = None, offset: int = 0,

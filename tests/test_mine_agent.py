@@ -313,3 +313,35 @@ def test_a_tool_s_statements_together_end_by_the_reader_s_deadline(postgres_url:
     assert reader.within_limit(sleep_twenty_times) is False
     assert 3 <= len(slept) <= 5, "stopped at the deadline, about five sleeps in"
     assert reader.within_limit(lambda conn: conn.exec_driver_sql("SELECT pg_sleep(0.1)")), "the next call has its own"
+
+
+_ONE_TRACE = {  # an agent's trace of many spans, a kilobyte of attributes each, started in reverse order of their ids
+    "sqlite": "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < :count) "
+              "INSERT INTO spans (trace_id, span_id, name, kind, start_time_ns, end_time_ns, status_code, "
+              "status_message, scope_name, attributes, resource, events, links, received_at) "
+              "SELECT :trace, printf('%016x', i), 'step ' || i, 0, :count - i, :count - i, 0, '', 's', "
+              "json_object('text', hex(zeroblob(500))), '{}', '[]', '[]', '2026-01-01' FROM n",
+    "postgresql": "INSERT INTO spans (trace_id, span_id, name, kind, start_time_ns, end_time_ns, status_code, "
+                  "status_message, scope_name, attributes, resource, events, links, received_at) "
+                  "SELECT :trace, lpad(to_hex(i), 16, '0'), 'step ' || i, 0, :count - i, :count - i, 0, '', 's', "
+                  "json_build_object('text', repeat('0', 1000)), '{}', '[]', '[]', now() "
+                  "FROM generate_series(1, :count) AS i",
+}
+
+
+def test_a_page_of_a_long_trace_is_its_spans_in_start_order(db_url: str) -> None:
+    """An agent's trace can run to many thousands of spans: the page asked for is read by the database (the spans'
+    start order is not their ids'), with the trace's length."""
+    engine = make_engine(db_url)
+    upgrade(engine)
+    trace = "d" * 32
+    with engine.begin() as conn:
+        conn.execute(text(_ONE_TRACE[engine.dialect.name]), {"count": 20_000, "trace": trace})
+    model = Scripted(messages=iter(_calls(("read_trace", {"trace_id": trace, "offset": 19_997, "limit": 5}),
+                                          ("read_trace", {"trace_id": trace, "offset": 0, "limit": 2}))))
+    run = run_agent(model, open_reader(engine), engine)
+    page, first = (json.loads(t["answer"]) for t in run.transcript)
+    assert [s["name"] for s in first["page"]] == ["step 20000", "step 19999"]
+    assert page["spans"] == 20_000 and page["offset"] == 19_997
+    assert [s["name"] for s in page["page"]] == ["step 3", "step 2", "step 1"], "the last three in start order"
+    assert len(page["page"][0]["attributes"]["text"]) > 200 and run.answer == "done"

@@ -409,12 +409,22 @@ _SPAN_COLUMNS = (SpanRow.trace_id, SpanRow.span_id, SpanRow.parent_span_id, Span
                  SpanRow.attributes, SpanRow.resource, SpanRow.scope_name, SpanRow.events, SpanRow.links)
 
 
-def trace_spans(conn: Connection, trace_id: str, resolved: bool = True) -> list[SpanRecord]:
-    """A trace's spans in start order. With `resolved`, large values stored once (`payloads`) are back in place; a
-    reader of huge traces asks for `resolved=False` and pages through `payloads.read_payload` instead."""
-    rows = conn.execute(select(*_SPAN_COLUMNS).where(SpanRow.trace_id == trace_id)
-                        .order_by(SpanRow.start_time_ns, SpanRow.id))
+def trace_spans(conn: Connection, trace_id: str, resolved: bool = True, offset: int = 0,
+                limit: int | None = None) -> list[SpanRecord]:
+    """A trace's spans in start order, or `limit` of them from `offset`. With `resolved`, large values stored once
+    (`payloads`) are back in place; a reader of huge traces asks for `resolved=False` and pages through
+    `payloads.read_payload` instead. A page is chosen by the spans' ids and start times alone: only its own spans'
+    attributes are read."""
+    ordered = (SpanRow.start_time_ns, SpanRow.id)
+    within = SpanRow.trace_id == trace_id
+    if limit is not None or offset:
+        within = SpanRow.id.in_(select(SpanRow.id).where(within).order_by(*ordered).offset(offset).limit(limit))
+    rows = conn.execute(select(*_SPAN_COLUMNS).where(within).order_by(*ordered))
     return _spans(conn, rows.all(), resolved)
+
+
+def span_count(conn: Connection, trace_id: str) -> int:
+    return int(conn.execute(select(func.count()).where(SpanRow.trace_id == trace_id)).scalar_one())
 
 
 def by_span_keys(conn: Connection, statement: Select[Any], keys: Sequence[tuple[str, str]],
