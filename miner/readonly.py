@@ -192,8 +192,9 @@ class ReadOnlyStore:
             if self.dialect == "sqlite":
                 raw.deadline = deadline
             else:
-                def time_left(*_: Any) -> None:  # each statement gets what is left (on a cursor of its own: a
-                    # streaming statement's is a server-side cursor, which only takes a query)
+                # each statement gets what is left, set on a cursor of its own (a streaming statement's is a
+                # server-side cursor, which takes nothing but a query)
+                def time_left(*_: Any) -> None:
                     raw.execute(f"SET statement_timeout = {max(1, int((deadline - time.monotonic()) * 1000))}")
 
                 event.listen(conn, "before_cursor_execute", time_left)
