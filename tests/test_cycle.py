@@ -563,7 +563,7 @@ def test_every_records_a_failed_cycle_and_goes_on_and_a_single_cycle_says_why_in
 
     missing = f"sqlite:///{tmp_path / 'missing' / 'store.db'}"  # a store out of reach: tried again next turn
     output = every_until_it_waits("--db", missing, "--base", "unused", "--work", str(tmp_path / "cycles"))
-    assert "cycle: OperationalError: (sqlite3.OperationalError) unable to open database file\nnext cycle in" in output
+    assert f"cycle: cannot read the store at {missing}: unable to open database file\nnext cycle in" in output
 
 
 def test_a_model_name_already_registered_is_refused_before_training(plateau, tiny, tmp_path):
