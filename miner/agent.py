@@ -145,14 +145,17 @@ def make_tools(reader: ReadOnlyStore, writer: Engine, run: AgentRun) -> list[Any
                   limit: int = 4000) -> str:
         """One span; with `attribute`, `limit` characters of that attribute's value from `offset` (page through
         large values with the `next_offset` it gives)."""
-        limit = max(1, min(limit, 20_000))
+        limit, offset = max(1, min(limit, 20_000)), max(0, offset)
         with reader.connection() as conn:
             found = span(conn, trace_id, span_id, resolved=False)
             if found is None:
                 return refused(f"no span {trace_id}/{span_id}")
             if attribute is None:
                 return _text({"name": found.name, "status": found.status_code, "attributes": _shown(found.attributes)})
-            value = found.attributes.get(attribute)
+            if attribute not in found.attributes:
+                return refused(f"span {trace_id}/{span_id} has no attribute {attribute!r}; it has "
+                               f"{', '.join(sorted(found.attributes)[:60])}")
+            value = found.attributes[attribute]
             if is_reference(value):
                 total, page = int(value.get("chars", 0)), read_payload(conn, value, offset, limit)
             else:

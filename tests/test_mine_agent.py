@@ -88,6 +88,9 @@ def test_an_injection_in_a_trace_changes_nothing(db_url: str, tmp_path: Path) ->
                        "limit": 300}),
         ("read_span", {"trace_id": EVIL_TRACE, "span_id": EVIL_CHAT, "attribute": "gen_ai.input.messages",
                        "offset": 2800, "limit": 3000}),
+        ("read_span", {"trace_id": EVIL_TRACE, "span_id": EVIL_CHAT, "attribute": "gen_ai.input.messages",
+                       "offset": -100, "limit": 10}),
+        ("read_span", {"trace_id": EVIL_TRACE, "span_id": EVIL_CHAT, "attribute": "/etc/passwd"}),
         ("sql", {"query": "DROP TABLE tool_calls"}),
         ("sql", {"query": "SELECT 1; DELETE FROM spans"}),
         ("sql", {"query": "WITH x AS (DELETE FROM tool_calls RETURNING id) SELECT count(*) FROM x"}),
@@ -104,8 +107,11 @@ def test_an_injection_in_a_trace_changes_nothing(db_url: str, tmp_path: Path) ->
     page, later = json.loads(answers[1]), json.loads(answers[2])
     assert page["chars"] > 2000 and len(page["value"]) == 300 and page["next_offset"] == 300
     assert later["value"] == _evil_conversation(stolen)[2800:5800], "a page across the parts it was stored in"
-    assert all(a.startswith("refused:") for a in answers[3:]), answers[3:]
-    assert len(run.refused) == 8 and run.recorded == [] and run.answer == "done"
+    assert json.loads(answers[3])["value"] == _evil_conversation(stolen)[:10], "a page from before the start: the start"
+    assert answers[4].startswith("refused:") and "has no attribute '/etc/passwd'" in answers[4]
+    assert "gen_ai.input.messages" in answers[4], "the attributes it has are named"
+    assert all(a.startswith("refused:") for a in answers[5:]), answers[5:]
+    assert len(run.refused) == 9 and run.recorded == [] and run.answer == "done"
     assert _snapshot(engine) == before
     assert not stolen.exists()
 
