@@ -128,11 +128,11 @@ def make_tools(reader: ReadOnlyStore, writer: Engine, run: AgentRun) -> list[Any
     def read_trace(trace_id: str, offset: int = 0, limit: int = 30) -> str:
         """A trace's spans in start order, `limit` from `offset`; large attribute values are shown by size."""
         found: dict[str, Any] = {}
+        offset = max(0, offset)
 
         def read(conn: Any) -> None:  # the page alone: an agent's trace can run to many thousands of spans
             found["spans"] = span_count(conn, trace_id)
-            found["page"] = trace_spans(conn, trace_id, resolved=False, offset=max(0, offset),
-                                        limit=max(1, min(limit, 100)))
+            found["page"] = trace_spans(conn, trace_id, resolved=False, offset=offset, limit=max(1, min(limit, 100)))
 
         if not reader.within_limit(read):
             return refused(f"reading trace {trace_id} reached the {reader.limits.seconds:g} s limit")
