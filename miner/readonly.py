@@ -228,10 +228,12 @@ class ReadOnlyStore:
         return self.within_limit(lambda conn: rows.extend(conn.execution_options(yield_per=1).execute(statement)))
 
     def query(self, sql: str) -> tuple[list[str], list[list[Any]], bool]:
-        """(columns, rows, truncated) of one checked SELECT."""
+        """(columns, rows, truncated) of one checked SELECT. Only the rows returned are fetched: PostgreSQL's client
+        would otherwise take in every row of the result first (a `SELECT * FROM spans`: the whole store)."""
         check_select(sql, self.dialect)
         with self.connection() as conn:
-            result = conn.exec_driver_sql(sql)
+            result = conn.execution_options(stream_results=True, max_row_buffer=self.limits.rows + 1) \
+                .exec_driver_sql(sql)
             columns = list(result.keys())
             rows = [[_cell(v, self.limits.cell_chars) for v in row] for row in result.fetchmany(self.limits.rows + 1)]
         return columns, rows[: self.limits.rows], len(rows) > self.limits.rows
