@@ -241,7 +241,7 @@ def mine_agent(db_url: str | None, base_url: str, model_name: str, reader_db: st
     from langchain_openai import ChatOpenAI
 
     from tracemill.miner.agent import TASK, run_agent
-    from tracemill.miner.findings import open_findings
+    from tracemill.miner.findings import list_findings
     from tracemill.miner.readonly import QueryRefused, open_reader
     from tracemill.settings import get_settings
 
@@ -260,12 +260,12 @@ def mine_agent(db_url: str | None, base_url: str, model_name: str, reader_db: st
     if as_json:
         click.echo(json.dumps({"recorded": run.recorded, "merged": run.merged, "refused": run.refused,
                                "expired": run.expired, "steps": run.steps, "answer": run.answer,
-                               "open_findings": open_findings(engine)}, indent=2, default=str))
+                               "open_findings": [f.to_dict() for f in list_findings(engine)]}, indent=2, default=str))
         return
     click.echo(f"{run.steps} steps; findings recorded: {len(run.recorded)}, merged: {len(run.merged)}, "
                f"expired: {run.expired}; tool requests refused: {len(run.refused)}")
-    for finding in open_findings(engine):
-        click.echo(f"  [{finding['seen']}x] {finding['key']}: {finding['hypothesis']}")
+    for finding in list_findings(engine):
+        click.echo(f"  [{finding.seen}x] {finding.key}: {finding.hypothesis}")
 
 
 def _endpoint_error(base_url: str, model_name: str, error: openai.APIError) -> str:

@@ -72,9 +72,27 @@ def expire(engine: Engine, after: timedelta, now: datetime | None = None) -> int
     return int(done.rowcount or 0)
 
 
-def open_findings(engine: Engine) -> list[dict[str, Any]]:
+@dataclass(frozen=True, slots=True)
+class StoredFinding:
+    key: str
+    hypothesis: str
+    evidence: list[str]
+    suggestion: str | None
+    examples: list[Any]
+    status: str  # open | expired
+    seen: int
+    first_seen: datetime
+    last_seen: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "hypothesis": self.hypothesis, "evidence": self.evidence,
+                "suggestion": self.suggestion, "examples": self.examples, "seen": self.seen}
+
+
+def list_findings(engine: Engine, statuses: tuple[str, ...] = ("open",)) -> list[StoredFinding]:
+    """The findings of these statuses, the most seen first."""
     with engine.connect() as conn:
-        rows = conn.execute(select(_TABLE).where(_TABLE.c.status == "open")
+        rows = conn.execute(select(_TABLE).where(_TABLE.c.status.in_(statuses))
                             .order_by(_TABLE.c.seen.desc(), _TABLE.c.key)).all()
-        return [{"key": r.key, "hypothesis": r.hypothesis, "evidence": r.evidence, "suggestion": r.suggestion,
-                 "examples": r.examples, "seen": r.seen} for r in rows]
+    return [StoredFinding(r.key, r.hypothesis, list(r.evidence or []), r.suggestion, list(r.examples or []), r.status,
+                          r.seen, r.first_seen, r.last_seen) for r in rows]

@@ -11,15 +11,16 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from tracemill.miner.failures import failure_report
+from tracemill.miner.findings import Finding, record
 from tracemill.serving import deployments
 from tracemill.settings import get_settings
 from tracemill.store import learning
 from tracemill.store.engine import make_engine
-from tracemill.store.tables import ModelRow, ReviewQueueRow, SpanRow, ToolCallRow, utcnow
+from tracemill.store.tables import FindingRow, ModelRow, ReviewQueueRow, SpanRow, ToolCallRow, utcnow
 from tracemill.ui import decide, deploy, users
 from tracemill.ui.access import Identity, NotAllowed, Role
 
@@ -34,9 +35,9 @@ from support import (
 )
 
 APP = Path(__file__).resolve().parents[1] / "ui" / "app.py"
-PAGES = ("traces", "failures", "review", "datasets", "models")
-TITLES = {"traces": "Traces", "failures": "Failure modes", "review": "Review queue", "datasets": "Datasets",
-          "models": "Models and deployments"}
+PAGES = ("traces", "failures", "findings", "review", "datasets", "models")
+TITLES = {"traces": "Traces", "failures": "Failure modes", "findings": "Findings", "review": "Review queue",
+          "datasets": "Datasets", "models": "Models and deployments"}
 PASSWORD = "a long enough password"
 
 
@@ -161,6 +162,37 @@ def test_failure_modes_are_the_miners_clusters(app, store: str) -> None:  # type
     by_stage = failure_report(engine, by=("stage", "kind"))
     assert list(at.dataframe[-1].value["mode"]) == [m.label for m in by_stage.modes]
     engine.dispose()
+
+
+def test_findings_list_what_miner_agents_found_with_their_traces(app, store: str) -> None:  # type: ignore[no-untyped-def]
+    trace = _medical_trace(store)
+    engine = make_engine(store)
+    with engine.connect() as conn:
+        span_id = conn.execute(select(ToolCallRow.span_id).where(ToolCallRow.trace_id == trace)).scalars().first()
+    record(engine, Finding("upstream-timeouts", "get_weather times out on valid calls", [f"{trace}/{span_id}",
+                                                                                         "0123456789abcdef"],
+                           "say in its description that it may time out", [{"raw": "Jane Roe's dosage", "ok": False}]))
+    record(engine, Finding("old-thing", "a failure no longer seen", [trace]))
+    with engine.begin() as conn:
+        conn.execute(update(FindingRow).where(FindingRow.key == "old-thing").values(status="expired"))
+    engine.dispose()
+    for name, masked in (("vic", True), ("rita", False)):
+        at = app(name)
+        at.switch_page("pages/findings.py").run()
+        assert not at.exception, at.exception
+        shown = at.dataframe[0].value
+        assert list(shown["key"]) == ["upstream-timeouts"] and list(shown["evidence"]) == [2]
+        assert "say in its description that it may time out" in _texts(at)
+        assert ("Jane Roe" in at.json[0].value) is not masked
+        assert [b.label for b in at.button if b.key and b.key.startswith("finding_trace_")] == \
+            [f"Open trace {trace[:12]}"], "a span id alone names no trace to open"
+    at.toggle(key="findings_expired").set_value(True).run()
+    assert sorted(at.dataframe[0].value["key"]) == ["old-thing", "upstream-timeouts"]
+    at.selectbox(key="finding").set_value(next(o for o in at.selectbox(key="finding").options
+                                               if o.startswith("upstream-timeouts"))).run()
+    at.button(key=f"finding_trace_{trace}").click().run()
+    assert not at.exception, at.exception
+    assert f"Trace {trace}" in [h.value for h in at.subheader], "the button opens the trace"
 
 
 def _open_medical_item(at):  # type: ignore[no-untyped-def]

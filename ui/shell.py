@@ -142,7 +142,8 @@ def main() -> None:
     who = st.session_state[IDENTITY]
     pages = {
         "Explore": [st.Page(PAGES / "traces.py", title="Traces", icon=":material/account_tree:", default=True),
-                    st.Page(PAGES / "failures.py", title="Failure modes", icon=":material/insights:")],
+                    st.Page(PAGES / "failures.py", title="Failure modes", icon=":material/insights:"),
+                    st.Page(PAGES / "findings.py", title="Findings", icon=":material/lightbulb:")],
         "Review": [st.Page(PAGES / "review.py", title="Review queue", icon=":material/fact_check:")],
         "Learn": [st.Page(PAGES / "datasets.py", title="Datasets", icon=":material/dataset:"),
                   st.Page(PAGES / "models.py", title="Models and deployments", icon=":material/rocket_launch:")],

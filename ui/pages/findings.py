@@ -1,0 +1,3 @@
+from tracemill.ui.findings_page import render
+
+render()
