@@ -8,9 +8,10 @@ Every query goes through three gates, each enough on its own for what it covers:
   switched off by the query), a cap on the size of any value, and a progress handler as the deadline; on PostgreSQL
   a login role that may SELECT the store's tables and nothing more (no TEMPORARY, no CREATE, no other role to SET),
   with a statement timeout set before every statement;
-- a deadline the query cannot lift, one for all the statements a tool call runs: SQLite's progress handler,
-  PostgreSQL's statement timeout (what is left of the deadline) and a timer that cancels the statement from outside
-  the session.
+- a deadline the query cannot lift, one for all the statements run on one connection (`connection`, `within_limit`:
+  the failure clusters' windows, a trace's page and its length; the text search and the evidence lookup give each of
+  their scans a connection, and so a deadline, of its own): SQLite's progress handler, PostgreSQL's statement timeout
+  (what is left of the deadline) and a timer that cancels the statement from outside the session.
 """
 
 from __future__ import annotations
